@@ -1,0 +1,11 @@
+// Placeholder until this command is implemented.
+#include <stdio.h>
+
+#include "cmd/cmd.h"
+
+int cmd_chat(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "wren chat: not implemented yet\n");
+    return 2;
+}

@@ -1,0 +1,41 @@
+// Token sampling on the host: the CPU backend's sampler and the reference for device samplers.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+struct sampler_params {
+    float temperature;        // <= 0: greedy (argmax)
+    int top_k;                // <= 0: off
+    float top_p;              // >= 1: off
+    float min_p;              // <= 0: off
+    float presence_penalty;   // OpenAI semantics, over generated tokens; 0: off
+    float frequency_penalty;  // OpenAI semantics, over generated tokens; 0: off
+    float repetition_penalty; // HF semantics, over prompt + generated tokens; 1: off
+    uint64_t seed;
+    int n_vocab;     // ids >= n_vocab are never sampled (the embedding is padded past the tokenizer)
+    int n_logprobs;  // < 0: no logprobs; else report the sampled logprob and this many top ones
+};
+
+#define WREN_MAX_TOP_LOGPROBS 20
+
+struct sampled_token {
+    int32_t id;
+    float logprob; // of the sampled id under the (penalised, temperature-1) distribution
+    int n_top;
+    int32_t top_id[WREN_MAX_TOP_LOGPROBS];
+    float top_logprob[WREN_MAX_TOP_LOGPROBS];
+};
+
+struct sampler;
+
+// `history` (prompt tokens so far) seeds the repetition penalty. `vocab` = logits row length.
+struct sampler *sampler_new(const struct sampler_params *p, int vocab, const int32_t *history,
+                            int n_history);
+void sampler_free(struct sampler *s);
+// Picks the next token from logits[vocab] (logits are modified in place). Does not record it.
+void sampler_sample(struct sampler *s, float *logits, struct sampled_token *out);
+// Records an emitted token for the penalties.
+void sampler_accept(struct sampler *s, int32_t token);
+// Defaults used when neither the request nor generation_config.json says otherwise: greedy off,
+// temperature 1, no truncation, no penalties.
+struct sampler_params sampler_defaults(void);
