@@ -1,0 +1,54 @@
+// Shared contract of the CUDA backend's files: the model's weights and a sequence's state as they
+// live in device memory. Plain C structs of device pointers (included from .cu files only).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+// A weight matrix (or a stack of n expert matrices) on the device, same layout as struct qmat:
+// quantized rows are uint32 words (MLX affine, lowest bits first) + bf16 scales/biases per group;
+// strides in bytes. Stacks are contiguous: matrix i starts at data + i*mat_stride.
+struct dmat {
+    enum wtype type;
+    int n, rows, cols;
+    int bits, group;
+    const uint8_t *data;
+    size_t row_stride, mat_stride;
+    const uint8_t *scales, *biases;
+    size_t sb_row_stride, sb_mat_stride;
+};
+
+struct dlayer {
+    enum layer_kind kind;
+    const float *input_norm, *post_norm;
+    // DeltaNet
+    struct dmat dn_qkv, dn_z, dn_b, dn_a, dn_out;
+    const float *dn_conv, *dn_A_log, *dn_dt_bias, *dn_norm;
+    // attention
+    struct dmat q_proj, k_proj, v_proj, o_proj;
+    const float *q_norm, *k_norm;
+    // MoE
+    struct dmat router, exp_gate, exp_up, exp_down, sh_gate, sh_up, sh_down, sh_gate_w;
+};
+
+struct dmodel {
+    struct dmat embed, lm_head;
+    const float *final_norm;
+    struct dlayer *layers; // host array of n_layers, pointing into device memory
+};
+
+// Per-sequence state. Attention layer j (j-th full-attention layer) keeps K and V as bf16
+// [max_ctx][n_kv_heads][head_dim]; DeltaNet layer j keeps conv state f32 [conv_dim][kernel-1]
+// (oldest first) and the recurrent state S f32 [v_heads][d_k][d_v].
+struct cuda_state {
+    int max_ctx;
+    int n_attn, n_dn;
+    uint16_t **k_cache, **v_cache; // [n_attn] device pointers (bf16 bits)
+    float **conv, **ssm;           // [n_dn] device pointers
+    float *logits;                 // [vocab] logits of the last position forwarded
+};

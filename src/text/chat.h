@@ -1,0 +1,46 @@
+// The Qwen3.5/3.6 chat format: rendering OpenAI-style requests into the prompt exactly as the
+// official Jinja templates do, and splitting the model's output into reasoning, content and tool
+// calls.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "util/err.h"
+
+struct cJSON;
+
+enum chat_flavor { CHAT_QWEN36, CHAT_QWEN35 };
+
+// Picks the flavor from a checkpoint's chat template (chat_template.jinja or
+// tokenizer_config.json in dir); Qwen3.6 when dir is NULL or has no template.
+enum chat_flavor chat_flavor_detect(const char *dir);
+
+// Renders request fields `messages`, `tools`, `chat_template_kwargs` (enable_thinking,
+// preserve_thinking) into the prompt text (malloc'd), with the generation prompt when asked.
+// A conversation the official template rejects is an error with the template's reason.
+int chat_render(const struct cJSON *request, enum chat_flavor flavor, bool add_generation_prompt,
+                char **out, struct wren_err *e);
+
+// Incremental parser of generated text. The prompt ends inside <think> (thinking on) or after
+// the empty think block; text up to </think> is reasoning, the rest content, and
+// <tool_call>...</tool_call> blocks become tool calls with JSON arguments typed by the tools'
+// schemas. Partial tags are held back until they can be classified.
+enum chat_event_kind { CHAT_REASONING, CHAT_CONTENT, CHAT_TOOL_CALL };
+struct chat_event {
+    enum chat_event_kind kind;
+    const char *text; // REASONING/CONTENT: the new text (len bytes)
+    size_t len;
+    int tool_index;          // TOOL_CALL: index of the call in this reply
+    const char *tool_name;   // TOOL_CALL: function name
+    const char *arguments;   // TOOL_CALL: complete JSON arguments object
+};
+typedef void (*chat_event_cb)(void *ud, const struct chat_event *ev);
+
+struct chat_parser;
+// tools: the request's `tools` array (may be NULL). in_reasoning: the prompt ended with <think>.
+struct chat_parser *chat_parser_new(const struct cJSON *tools, bool in_reasoning);
+void chat_parser_free(struct chat_parser *p);
+void chat_parser_feed(struct chat_parser *p, const char *text, size_t len, chat_event_cb cb,
+                      void *ud);
+// End of generation: flushes held text (an unterminated tool call becomes content).
+void chat_parser_finish(struct chat_parser *p, chat_event_cb cb, void *ud);
