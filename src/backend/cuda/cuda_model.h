@@ -52,3 +52,18 @@ struct cuda_state {
     float **conv, **ssm;           // [n_dn] device pointers
     float *logits;                 // [vocab] logits of the last position forwarded
 };
+
+// The backend's device-side context, shared by the decode and prefill files.
+struct cuda_ctx {
+    const struct model *model; // host model (config, host weight views)
+    const struct model_config *cfg;
+    struct dmodel dm;
+    cudaStream_t stream;
+    int device, sm_count, cc_major, cc_minor;
+    size_t l2_bytes, smem_optin;
+};
+
+// Prefill of n > 1 tokens at positions [pos, pos + n) (src/backend/cuda/prefill*.cu), same contract
+// as backend_ops.forward: leaves the last logits in st->logits and copies to `logits` if non-NULL.
+int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int32_t *tokens, int n,
+                 float *logits, bool all_logits, struct wren_err *e);
