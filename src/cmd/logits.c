@@ -73,6 +73,8 @@ int cmd_logits(int argc, char **argv) {
     wren_engine_close(en);
     free(tok);
     if (!rc) return 0;
+    fprintf(stderr, "wren logits: %s\n", e.msg);
+    return 1;
 fail:
     fprintf(stderr, "wren logits: %s\n", e.msg);
     free(tok);
