@@ -28,7 +28,7 @@ import zlib
 
 import numpy as np
 
-SEED = 20260601
+SEED = 22  # see tests/fixtures/README.md for why this one
 N_TOKENS = 600
 
 # Tiny dimensions with the real head geometry and layer structure of Qwen3.6-35B-A3B.
