@@ -15,9 +15,8 @@ OUTDIR receives
   tokens.json 600 token ids.
 All three checkpoints hold the same underlying model: the MLX ones are quantized from the bf16
 weights of tiny-hf, the way mlx_lm.convert would do it. Output is byte-identical for a given seed
-(numpy only; weights are drawn with uniform draws and correctly rounded arithmetic only, so
-no libm difference can change a bit),
-which tests/fixtures/ref/SHA256SUMS checks.
+(numpy only; weights come from uniform draws and correctly rounded arithmetic, so no libm
+difference can change a bit), which tests/fixtures/ref/SHA256SUMS checks.
 """
 
 import argparse

@@ -134,13 +134,23 @@ def build_model(ckpt):
 
 @torch.no_grad()
 def logits_for(ckpt, tokens):
+    """Returns (logits [T, vocab] f32, smallest gap between the k-th and (k+1)-th router logit
+    over all tokens and layers: how close the reference came to a routing tie)."""
     model = build_model(ckpt).eval()
     for p in model.parameters():
         assert p.dtype == torch.float32
     assert model.config._attn_implementation == "eager"
+    margins = []
+
+    def router_margin(router, inputs, outputs):
+        top = outputs[0].topk(router.top_k + 1, dim=-1).values
+        margins.append((top[:, -2] - top[:, -1]).min().item())
+
+    for layer in model.model.layers:
+        layer.mlp.gate.register_forward_hook(router_margin)
     ids = torch.tensor([tokens], dtype=torch.long)
     out = model(input_ids=ids, use_cache=False)
-    return out.logits[0].to(torch.float32).contiguous()
+    return out.logits[0].to(torch.float32).contiguous(), min(margins)
 
 
 def main():
@@ -156,15 +166,17 @@ def main():
         tokens = json.load(f)
     os.makedirs(outdir, exist_ok=True)
     for name in names:
-        logits = logits_for(os.path.join(fixtures, name), tokens)
+        logits, router_margin = logits_for(os.path.join(fixtures, name), tokens)
         if not torch.isfinite(logits).all():
             sys.exit(f"ref_logits: {name}: non-finite logits")
         path = os.path.join(outdir, name + ".f32")
         with open(path, "wb") as f:
             f.write(logits.numpy().astype("<f4").tobytes())
-        top1 = logits.argmax(-1)
-        print(f"{name}: {tuple(logits.shape)} std {logits.std().item():.3f} "
-              f"distinct top-1 {len(set(top1.tolist()))}", file=sys.stderr)
+        top2 = logits.topk(2, dim=-1)
+        print(f"{name}: {tuple(logits.shape)} std {logits.std().item():.3f}, "
+              f"distinct top-1 {len(set(top2.indices[:, 0].tolist()))}, "
+              f"min top-1 margin {(top2.values[:, 0] - top2.values[:, 1]).min().item():.2e}, "
+              f"min router top-k margin {router_margin:.2e}", file=sys.stderr)
 
 
 if __name__ == "__main__":
