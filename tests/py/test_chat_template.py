@@ -358,16 +358,6 @@ def test_flavor_from_checkpoint_dir(tmp_path):
     assert p.stdout.decode() == expect["qwen3.6"]
 
 
-def test_bad_input_is_an_error(tmp_path):
-    for text in ["", "{", "[1,]", '{"messages": "x"', "\xff", '{"messages": [{"role": "user", "content": "\\ud800"}]}']:
-        f = tmp_path / "bad.json"
-        f.write_bytes(text.encode("utf-8", "surrogateescape") if text != "\xff" else b"\xff")
-        p = run_wren(["--request", str(f)], None)
-        assert p.returncode != 0 and p.stderr and p.stdout == b""
-    p = run_wren(["--request", str(tmp_path / "missing.json")], None)
-    assert p.returncode != 0 and b"missing.json" in p.stderr
-
-
 def test_numbers_and_whitespace_like_python(tmp_path):
     """Float spelling (repr: shortest round trip, 1e-05, 1e+16), ints of any size, str.strip()'s
     Unicode whitespace and repr() of nested values, each against jinja2 on one big request."""
