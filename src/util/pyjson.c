@@ -353,6 +353,20 @@ cJSON *pyjson_parse(const char *text, size_t len, int flags, struct wren_err *e)
     return v;
 }
 
+char *utf8_valid_copy(const char *s, size_t n) {
+    const char *nul = memchr(s, 0, n);
+    if (nul) n = (size_t)(nul - s);
+    struct strbuf sb = {0};
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_char_len((const unsigned char *)s + i, n - i);
+        if (k)
+            sb_put(&sb, s + i, k), i += k;
+        else
+            sb_puts(&sb, "\xEF\xBF\xBD"), i++;
+    }
+    return sb_take(&sb);
+}
+
 // ---- writing ----
 
 // The shortest decimal digits that read back as |d| (the nearest such when several), as an
