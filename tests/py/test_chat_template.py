@@ -45,7 +45,8 @@ def vllm_style(request):
     """Parses string tool-call arguments into mappings (what an OpenAI server does first)."""
     req = copy.deepcopy(request)
     for m in req.get("messages") or []:
-        if not isinstance(m, dict) or not isinstance(m.get("tool_calls"), list):
+        if not isinstance(m, dict) or m.get("role") != "assistant" or not isinstance(
+                m.get("tool_calls"), list):
             continue
         for tc in m["tool_calls"]:
             if not isinstance(tc, dict):
@@ -250,10 +251,42 @@ def r_rejected(rng):
     return req
 
 
+def wild(rng, depth=0):
+    """Any JSON value, biased towards the words the template looks for."""
+    k = rng.random()
+    if depth < 3 and k < 0.2:
+        return {rng.choice(["role","content","text","type","image","video","image_url","name","arguments","function","x"]): wild(rng, depth+1) for _ in range(rng.randint(0,3))}
+    if depth < 3 and k < 0.35:
+        return [wild(rng, depth+1) for _ in range(rng.randint(0,3))]
+    return rng.choice([0, 1, -2.5, 1.0, True, False, None, "", "text", "image", "video", "user", "tool", "assistant", "system", "<tool_response>x</tool_response>", "a</think>b", "<think>r</think>c", " \u3000 "])
+
+def weird_case(rng):
+    """A conversation with odd values in odd places (types the template does not expect)."""
+    req = r_conversation(rng)
+    msgs = req["messages"]
+    for _ in range(rng.randint(1, 3)):
+        m = rng.choice(msgs)
+        key = rng.choice(["content", "role", "reasoning_content", "tool_calls"])
+        if key == "role":
+            m[key] = rng.choice(["user", "assistant", "tool", "system"] + [wild(rng)])
+        elif key == "tool_calls":
+            m[key] = rng.choice([wild(rng), [wild(rng)], [{"function": wild(rng)}], [{"function": {"name": "f", "arguments": wild(rng)}}], [{"name": "g", "arguments": {"a": wild(rng)}}]])
+        else:
+            m[key] = wild(rng)
+    if rng.random() < 0.3:
+        req["tools"] = wild(rng)
+    if rng.random() < 0.3:
+        req["chat_template_kwargs"] = {k: wild(rng) for k in ("enable_thinking", "preserve_thinking", "add_vision_id") if rng.random() < 0.6}
+    if rng.random() < 0.1:
+        msgs.insert(rng.randint(0, len(msgs)), wild(rng))
+    return req
+
+
 def cases():
     rng = random.Random(20260529)
     out = [r_conversation(rng) for _ in range(N_CASES)]
     out += [r_rejected(rng) for _ in range(60)]
+    out += [weird_case(rng) for _ in range(400)]
     # Hand-written corners.
     out += [
         {"messages": [{"role": "user", "content": "hi"}], "tools": "ab"},
