@@ -4,8 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "cmd/cmd.h"
 #include "text/tokenizer.h"
 #include "util/util.h"
@@ -94,6 +92,19 @@ static int parse_id_args(char **args, int n, int **out, struct wren_err *e) {
     return (int)k;
 }
 
+// The text as one JSON string line (the detokenizer's output is valid UTF-8, NULs included).
+static void print_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    fputs("\"\n", stdout);
+}
+
 static int decode_print(const struct tokenizer *t, const struct detokenize_opts *o, const int *ids,
                         int n, const char *what) {
     int n_vocab = tokenizer_n_vocab(t);
@@ -114,12 +125,7 @@ static int decode_print(const struct tokenizer *t, const struct detokenize_opts 
     if (len + cap > room) text = xrealloc(text, room = len + cap);
     len += detok_flush(&d, text + len, cap);
     if (o->json) {
-        text[len] = 0; // the text is valid UTF-8; an id for a NUL byte would cut it here
-        cJSON *s = cJSON_CreateString(text);
-        char *js = s ? cJSON_PrintUnformatted(s) : NULL;
-        if (js) printf("%s\n", js);
-        free(js);
-        cJSON_Delete(s);
+        print_json_string(text, len);
     } else {
         fwrite(text, 1, len, stdout);
     }
