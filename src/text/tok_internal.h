@@ -67,7 +67,7 @@ struct tokenizer {
     uint8_t *special; // per id
     size_t max_len;   // longest token, in bytes
 
-    uint32_t *vocab_slots; // BPE vocabulary by raw bytes: id + 1, 0 = empty
+    uint64_t *vocab_slots; // BPE vocabulary by raw bytes: hash tag and id + 1, 0 = empty
     size_t vocab_mask;
     int32_t byte_id[256]; // id of each single byte (-1 if the vocabulary lacks it)
 
