@@ -50,13 +50,15 @@ static void expect_refused(const char *json, const char *want, const char *what)
 
 // A tiny valid tokenizer in Qwen's shape; %s slots let cases replace one part.
 #define PRE_OK                                                                                     \
-    "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"       \
-    "\" ?\\\\p{L}+|\\\\s+|\\\\S\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\","    \
+    "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"        \
+    "\" "                                                                                          \
+    "?\\\\p{L}+|\\\\s+|\\\\S\"},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":"            \
+    "\"ByteLevel\","                                                                               \
     "\"add_prefix_space\":false,\"trim_offsets\":false,\"use_regex\":false}]}"
-#define VOCAB_OK "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"\\u0120ab\":4}"
+#define VOCAB_OK  "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"\\u0120ab\":4}"
 #define MERGES_OK "[\"a b\",[\"\\u0120\",\"ab\"]]"
 #define ADDED_OK                                                                                   \
-    "[{\"id\":5,\"content\":\"<x>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"     \
+    "[{\"id\":5,\"content\":\"<x>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,"      \
     "\"normalized\":false,\"special\":true}]"
 
 static char *make(const char *model_type, const char *vocab, const char *merges, const char *added,
@@ -69,7 +71,9 @@ static char *make(const char *model_type, const char *vocab, const char *merges,
              added, norm, pre, dec, model_type, vocab, merges);
     return buf;
 }
-#define OK_PARTS "\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "{\"type\":\"NFC\"}", PRE_OK, "{\"type\":\"ByteLevel\"}"
+#define OK_PARTS                                                                                   \
+    "\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "{\"type\":\"NFC\"}", PRE_OK,                        \
+        "{\"type\":\"ByteLevel\"}"
 
 int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "/tmp/wren_bad_tok_XXXXXX");
@@ -93,7 +97,13 @@ int main(int argc, char **argv) {
             n = tokenizer_encode(t, "zz a", 4, &ids, &e);
             CHECK(n >= 0, "unknown bytes: %s", e.msg);
             if (n >= 0) free(ids);
-            const char *bad[] = {"\xff", "ab\xc3", "\xed\xa0\x80", "\xc0\xaf", "a\x80" "b", "\xf4\x90\x80\x80"};
+            const char *bad[] = {"\xff",
+                                 "ab\xc3",
+                                 "\xed\xa0\x80",
+                                 "\xc0\xaf",
+                                 "a\x80"
+                                 "b",
+                                 "\xf4\x90\x80\x80"};
             for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
                 e.msg[0] = 0;
                 n = tokenizer_encode(t, bad[i], strlen(bad[i]), &ids, &e);
@@ -117,50 +127,59 @@ int main(int argc, char **argv) {
                    "WordPiece", "other model type");
     expect_refused(make("\"BPE\"", "[1,2]", MERGES_OK, ADDED_OK, "null", PRE_OK, "null"), "vocab",
                    "vocab not an object");
-    expect_refused(make("\"BPE\"", "{}", "[]", "[]", "null", PRE_OK, "null"), "empty", "empty vocab");
+    expect_refused(make("\"BPE\"", "{}", "[]", "[]", "null", PRE_OK, "null"), "empty",
+                   "empty vocab");
     expect_refused(make("\"BPE\"", "{\"a\":-1}", "[]", "[]", "null", PRE_OK, "null"), "id",
                    "negative id");
     expect_refused(make("\"BPE\"", "{\"a\":\"0\"}", "[]", "[]", "null", PRE_OK, "null"), "id",
                    "string id");
-    expect_refused(make("\"BPE\"", "{\"a\":1.5}", "[]", "[]", "null", PRE_OK, "null"), "id", "float id");
-    expect_refused(make("\"BPE\"", "{\"a\":1e300}", "[]", "[]", "null", PRE_OK, "null"), "id", "huge id");
-    expect_refused(make("\"BPE\"", "{\"a\":0,\"b\":0}", "[]", "[]", "null", PRE_OK, "null"), "two tokens",
-                   "duplicate id");
+    expect_refused(make("\"BPE\"", "{\"a\":1.5}", "[]", "[]", "null", PRE_OK, "null"), "id",
+                   "float id");
+    expect_refused(make("\"BPE\"", "{\"a\":1e300}", "[]", "[]", "null", PRE_OK, "null"), "id",
+                   "huge id");
+    expect_refused(make("\"BPE\"", "{\"a\":0,\"b\":0}", "[]", "[]", "null", PRE_OK, "null"),
+                   "two tokens", "duplicate id");
     expect_refused(make("\"BPE\"", VOCAB_OK, "{}", ADDED_OK, "null", PRE_OK, "null"), "merges",
                    "merges not an array");
-    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"a b c\"]", ADDED_OK, "null", PRE_OK, "null"), "merge 0",
-                   "merge with three parts");
-    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"ab\"]", ADDED_OK, "null", PRE_OK, "null"), "merge 0",
-                   "merge with one part");
-    expect_refused(make("\"BPE\"", VOCAB_OK, "[[\"a\"]]", ADDED_OK, "null", PRE_OK, "null"), "merge 0",
-                   "pair with one element");
-    expect_refused(make("\"BPE\"", VOCAB_OK, "[[\"a\", 3]]", ADDED_OK, "null", PRE_OK, "null"), "merge 0",
-                   "pair with a number");
-    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"a q\"]", ADDED_OK, "null", PRE_OK, "null"), "missing",
-                   "merge of an unknown token");
-    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"b a\"]", ADDED_OK, "null", PRE_OK, "null"), "missing",
-                   "merge result not in the vocabulary");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "{}", "null", PRE_OK, "null"), "added_tokens",
-                   "added_tokens not an array");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "[{\"id\":5}]", "null", PRE_OK, "null"), "content",
-                   "added token without content");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "[{\"id\":\"5\",\"content\":\"<x>\"}]", "null",
-                        PRE_OK, "null"), "id", "added token with a string id");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "[{\"id\":5,\"content\":\"<x>\",\"special\":1}]",
-                        "null", PRE_OK, "null"), "special", "flag not a bool");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "{\"type\":\"Lowercase\"}", PRE_OK,
-                        "null"), "Lowercase", "unsupported normalizer");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null", "null", "null"), "pre_tokenizer",
-                   "missing pre-tokenizer");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null",
-                        "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
-                        "{\"Regex\":\"(unclosed\"},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\","
-                        "\"add_prefix_space\":false,\"use_regex\":false}]}", "null"),
-                   "regex", "bad regex");
+    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"a b c\"]", ADDED_OK, "null", PRE_OK, "null"),
+                   "merge 0", "merge with three parts");
+    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"ab\"]", ADDED_OK, "null", PRE_OK, "null"),
+                   "merge 0", "merge with one part");
+    expect_refused(make("\"BPE\"", VOCAB_OK, "[[\"a\"]]", ADDED_OK, "null", PRE_OK, "null"),
+                   "merge 0", "pair with one element");
+    expect_refused(make("\"BPE\"", VOCAB_OK, "[[\"a\", 3]]", ADDED_OK, "null", PRE_OK, "null"),
+                   "merge 0", "pair with a number");
+    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"a q\"]", ADDED_OK, "null", PRE_OK, "null"),
+                   "missing", "merge of an unknown token");
+    expect_refused(make("\"BPE\"", VOCAB_OK, "[\"b a\"]", ADDED_OK, "null", PRE_OK, "null"),
+                   "missing", "merge result not in the vocabulary");
+    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "{}", "null", PRE_OK, "null"),
+                   "added_tokens", "added_tokens not an array");
+    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "[{\"id\":5}]", "null", PRE_OK, "null"),
+                   "content", "added token without content");
+    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, "[{\"id\":\"5\",\"content\":\"<x>\"}]",
+                        "null", PRE_OK, "null"),
+                   "id", "added token with a string id");
+    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK,
+                        "[{\"id\":5,\"content\":\"<x>\",\"special\":1}]", "null", PRE_OK, "null"),
+                   "special", "flag not a bool");
+    expect_refused(
+        make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "{\"type\":\"Lowercase\"}", PRE_OK, "null"),
+        "Lowercase", "unsupported normalizer");
+    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null", "null", "null"),
+                   "pre_tokenizer", "missing pre-tokenizer");
+    expect_refused(
+        make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null",
+             "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
+             "{\"Regex\":\"(unclosed\"},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\","
+             "\"add_prefix_space\":false,\"use_regex\":false}]}",
+             "null"),
+        "regex", "bad regex");
     expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null",
                         "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
                         "{\"Regex\":7},\"behavior\":\"Isolated\"},{\"type\":\"ByteLevel\","
-                        "\"add_prefix_space\":false,\"use_regex\":false}]}", "null"),
+                        "\"add_prefix_space\":false,\"use_regex\":false}]}",
+                        "null"),
                    "pattern", "regex not a string");
     expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null",
                         "{\"type\":\"ByteLevel\",\"add_prefix_space\":false}", "null"),
@@ -168,8 +187,9 @@ int main(int argc, char **argv) {
     expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null",
                         "{\"type\":\"Sequence\",\"pretokenizers\":\"x\"}", "null"),
                    "pretokenizers", "sequence not a list");
-    expect_refused(make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null", PRE_OK,
-                        "{\"type\":\"WordPiece\"}"), "decoder", "unsupported decoder");
+    expect_refused(
+        make("\"BPE\"", VOCAB_OK, MERGES_OK, ADDED_OK, "null", PRE_OK, "{\"type\":\"WordPiece\"}"),
+        "decoder", "unsupported decoder");
 
     // Truncations and byte flips of a valid file: refused or loaded, never a crash.
     {
@@ -186,7 +206,8 @@ int main(int argc, char **argv) {
         for (int round = 0; round < 400; round++) {
             char m[8192];
             memcpy(m, json, n);
-            for (int k = 0; k < 3; k++) m[rand_r(&seed) % n] = junk[rand_r(&seed) % (sizeof junk - 1)];
+            for (int k = 0; k < 3; k++)
+                m[rand_r(&seed) % n] = junk[rand_r(&seed) % (sizeof junk - 1)];
             struct tokenizer *t = load_text(m, n, &e);
             if (t) {
                 int32_t *ids;
@@ -200,7 +221,8 @@ int main(int argc, char **argv) {
     }
 
     // A missing directory and a directory without tokenizer.json.
-    CHECK(!tokenizer_load("/nonexistent/wren/dir", &e) && strstr(e.msg, "nonexistent"), "missing dir");
+    CHECK(!tokenizer_load("/nonexistent/wren/dir", &e) && strstr(e.msg, "nonexistent"),
+          "missing dir");
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     unlink(path);
@@ -214,7 +236,8 @@ int main(int argc, char **argv) {
         int32_t *ids;
         const char *bad[] = {"hello \xff world", "<|im_start|>\xc3", "\xe4\xbd", "ok\xed\xbf\xbf"};
         for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
-            CHECK(tokenizer_encode(t, bad[i], strlen(bad[i]), &ids, &e) == -1 && strstr(e.msg, "UTF-8"),
+            CHECK(tokenizer_encode(t, bad[i], strlen(bad[i]), &ids, &e) == -1 &&
+                      strstr(e.msg, "UTF-8"),
                   "qwen3: invalid UTF-8 #%zu accepted", i);
         size_t cap = detok_out_cap(t);
         char *out = xmalloc(cap);
@@ -227,7 +250,9 @@ int main(int argc, char **argv) {
         tokenizer_free(t);
     }
     rmdir(dir);
-    if (failures) fprintf(stderr, "%d failures\n", failures);
-    else printf("bad_tokenizer: all checks passed\n");
+    if (failures)
+        fprintf(stderr, "%d failures\n", failures);
+    else
+        printf("bad_tokenizer: all checks passed\n");
     return failures != 0;
 }

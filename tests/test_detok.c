@@ -108,7 +108,8 @@ int main(int argc, char **argv) {
     CHECK(hello >= 0, "no 'Hello' token");
     memset(out, 'x', sizeof out);
     CHECK(detok_push(t, &d, hello, out, 2) == 2 && out[2] == 'x', "cap not respected");
-    CHECK(tokenizer_token_id(t, "<|im_end|>") >= 0 && tokenizer_is_special(t, tokenizer_token_id(t, "<|im_end|>")),
+    CHECK(tokenizer_token_id(t, "<|im_end|>") >= 0 &&
+              tokenizer_is_special(t, tokenizer_token_id(t, "<|im_end|>")),
           "<|im_end|> not special");
 
     // Streamed token by token == one-shot lossy decoding, on random bytes and random tokens.
@@ -119,8 +120,11 @@ int main(int argc, char **argv) {
         size_t nb = 0, ni = (size_t)(rand_r(&seed) % 16) + 1;
         for (size_t i = 0; i < ni; i++) {
             // Mostly bytes >= 0x80 to hit the interesting cases, sometimes whole tokens.
-            if (rand_r(&seed) % 4 == 0) ids[i] = rand_r(&seed) % tokenizer_n_vocab(t);
-            else ids[i] = byte_tok[0x80 + rand_r(&seed) % 0x80 - (rand_r(&seed) % 8 == 0 ? 0x60 : 0)];
+            if (rand_r(&seed) % 4 == 0)
+                ids[i] = rand_r(&seed) % tokenizer_n_vocab(t);
+            else
+                ids[i] =
+                    byte_tok[0x80 + rand_r(&seed) % 0x80 - (rand_r(&seed) % 8 == 0 ? 0x60 : 0)];
             size_t len;
             const char *s = tokenizer_token_bytes(t, ids[i], &len);
             if (!s || nb + len > sizeof bytes) {
@@ -141,7 +145,9 @@ int main(int argc, char **argv) {
         CHECK(utf8_valid_prefix(streamed, ks) == ks, "round %d: output is not valid UTF-8", round);
     }
     tokenizer_free(t);
-    if (failures) fprintf(stderr, "%d failures\n", failures);
-    else printf("detok: all checks passed\n");
+    if (failures)
+        fprintf(stderr, "%d failures\n", failures);
+    else
+        printf("detok: all checks passed\n");
     return failures != 0;
 }

@@ -74,7 +74,8 @@ static int parse_id_args(char **args, int n, int **out, struct wren_err *e) {
     for (int i = 0; i < n; i++) {
         const char *p = args[i];
         for (;;) {
-            while (*p == ' ' || *p == ',' || *p == '[' || *p == ']' || *p == '\n' || *p == '\t') p++;
+            while (*p == ' ' || *p == ',' || *p == '[' || *p == ']' || *p == '\n' || *p == '\t')
+                p++;
             if (!*p) break;
             char *end;
             errno = 0;
@@ -97,10 +98,14 @@ static void print_json_string(const char *s, size_t n) {
     putchar('"');
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') fputs("\\n", stdout);
-        else if (c < 0x20) printf("\\u%04x", c);
-        else putchar(c);
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
     }
     fputs("\"\n", stdout);
 }
@@ -110,8 +115,10 @@ static int decode_print(const struct tokenizer *t, const struct detokenize_opts 
     int n_vocab = tokenizer_n_vocab(t);
     for (int i = 0; i < n; i++)
         if (ids[i] >= n_vocab || !tokenizer_token_bytes(t, ids[i], NULL)) {
-            fprintf(stderr, "wren detokenize: %s: token id %d (element %d) is not in the vocabulary "
-                            "(valid ids: 0..%d)\n", what, ids[i], i, n_vocab - 1);
+            fprintf(stderr,
+                    "wren detokenize: %s: token id %d (element %d) is not in the vocabulary "
+                    "(valid ids: 0..%d)\n",
+                    what, ids[i], i, n_vocab - 1);
             return -1;
         }
     size_t cap = detok_out_cap(t), len = 0, room = cap + 64;
@@ -149,7 +156,8 @@ int cmd_detokenize(int argc, char **argv) {
     }
     int rc = 0, *ids = NULL, n;
     if (o.n_ids || !o.n_files) {
-        n = o.n_ids ? parse_id_args(o.ids, o.n_ids, &ids, &e) : read_tokens_json("/dev/stdin", &ids, &e);
+        n = o.n_ids ? parse_id_args(o.ids, o.n_ids, &ids, &e)
+                    : read_tokens_json("/dev/stdin", &ids, &e);
         if (n < 0) {
             fprintf(stderr, "wren detokenize: %s\n", e.msg);
             rc = -1;

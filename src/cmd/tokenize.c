@@ -81,8 +81,7 @@ static void print_ids(const int32_t *ids, int n) {
     fwrite(buf, 1, k, stdout);
 }
 
-static int encode_print(const struct tokenizer *t, const char *text, size_t len,
-                        const char *what) {
+static int encode_print(const struct tokenizer *t, const char *text, size_t len, const char *what) {
     struct wren_err e = {0};
     int32_t *ids;
     int n = tokenizer_encode(t, text, len, &ids, &e);
@@ -144,7 +143,8 @@ int cmd_tokenize(int argc, char **argv) {
     struct wren_err e = {0};
     if (o.bench) {
         size_t len;
-        char *text = o.text ? xstrdup(o.text) : read_file(o.n_files ? o.files[0] : "/dev/stdin", &len, &e);
+        char *text =
+            o.text ? xstrdup(o.text) : read_file(o.n_files ? o.files[0] : "/dev/stdin", &len, &e);
         if (!text) {
             fprintf(stderr, "wren tokenize: %s\n", e.msg);
             return 1;
@@ -165,7 +165,8 @@ int cmd_tokenize(int argc, char **argv) {
     } else if (!o.n_files) {
         size_t len;
         char *text = read_file("/dev/stdin", &len, &e);
-        rc = text ? encode_print(t, text, len, "stdin") : (fprintf(stderr, "wren tokenize: %s\n", e.msg), -1);
+        rc = text ? encode_print(t, text, len, "stdin")
+                  : (fprintf(stderr, "wren tokenize: %s\n", e.msg), -1);
         free(text);
     }
     for (int i = 0; i < o.n_files && !rc; i++) {

@@ -95,4 +95,6 @@ size_t detok_flush(struct detok *d, char *out, size_t cap) {
     return s.n;
 }
 
-size_t detok_out_cap(const struct tokenizer *t) { return 3 * (tokenizer_max_token_len(t) + 4); }
+size_t detok_out_cap(const struct tokenizer *t) {
+    return 3 * (tokenizer_max_token_len(t) + 4);
+}

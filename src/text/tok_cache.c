@@ -60,8 +60,8 @@ int word_cache_get(struct word_cache *c, const char *key, size_t n, uint64_t h, 
     return k;
 }
 
-void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h,
-                    const int32_t *ids, int n_ids) {
+void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h, const int32_t *ids,
+                    int n_ids) {
     if (n > WORD_CACHE_MAX_KEY || n_ids > WORD_CACHE_MAX_KEY) return;
     pthread_mutex_lock(&c->mu);
     if (c->n_entries >= c->max_entries || c->keys_used + n > c->keys_cap ||

@@ -50,7 +50,7 @@ struct word_cache {
         uint64_t hash;
         uint32_t key_off, ids_off;
         uint16_t key_len, n_ids;
-    } *entries;
+    } * entries;
     size_t n_entries, max_entries;
     char *keys;
     size_t keys_used, keys_cap;
@@ -99,11 +99,10 @@ void word_cache_free(struct word_cache *c);
 // Looks up key; on a hit copies the ids to out (capacity >= WORD_CACHE_MAX_KEY) and returns
 // their count, else -1.
 int word_cache_get(struct word_cache *c, const char *key, size_t n, uint64_t h, int32_t *out);
-void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h,
-                    const int32_t *ids, int n_ids);
+void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h, const int32_t *ids,
+                    int n_ids);
 
 // Translates a regex written for Oniguruma / Rust (what the tokenizers library runs) into the
 // PCRE2 dialect with the same meaning where the two differ (\s, \w classes) and compiles it
 // with UTF + UCP. Returns NULL and fills e on a bad pattern.
-pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal,
-                              struct wren_err *e);
+pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, struct wren_err *e);

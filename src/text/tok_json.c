@@ -45,7 +45,8 @@ static int fail(struct parser *p, const char *what) {
 }
 
 static void skip_ws(struct parser *p) {
-    while (p->s < p->end && (*p->s == ' ' || *p->s == '\n' || *p->s == '\r' || *p->s == '\t')) p->s++;
+    while (p->s < p->end && (*p->s == ' ' || *p->s == '\n' || *p->s == '\r' || *p->s == '\t'))
+        p->s++;
 }
 
 static int hex4(const char *s, uint32_t *out) {
@@ -53,10 +54,14 @@ static int hex4(const char *s, uint32_t *out) {
     for (int i = 0; i < 4; i++) {
         char c = s[i];
         v <<= 4;
-        if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
-        else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
-        else return -1;
+        if (c >= '0' && c <= '9')
+            v |= (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            v |= (uint32_t)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F')
+            v |= (uint32_t)(c - 'A' + 10);
+        else
+            return -1;
     }
     *out = v;
     return 0;
@@ -79,14 +84,30 @@ static int parse_string(struct parser *p, char **out, size_t *out_len) {
         char c = r[1];
         p->s = r + 2;
         switch (c) {
-        case '"': *w++ = '"'; break;
-        case '\\': *w++ = '\\'; break;
-        case '/': *w++ = '/'; break;
-        case 'b': *w++ = '\b'; break;
-        case 'f': *w++ = '\f'; break;
-        case 'n': *w++ = '\n'; break;
-        case 'r': *w++ = '\r'; break;
-        case 't': *w++ = '\t'; break;
+        case '"':
+            *w++ = '"';
+            break;
+        case '\\':
+            *w++ = '\\';
+            break;
+        case '/':
+            *w++ = '/';
+            break;
+        case 'b':
+            *w++ = '\b';
+            break;
+        case 'f':
+            *w++ = '\f';
+            break;
+        case 'n':
+            *w++ = '\n';
+            break;
+        case 'r':
+            *w++ = '\r';
+            break;
+        case 't':
+            *w++ = '\t';
+            break;
         case 'u': {
             uint32_t cp, lo;
             if (p->end - p->s < 4 || hex4(p->s, &cp)) return fail(p, "bad \\u escape");
@@ -102,7 +123,8 @@ static int parse_string(struct parser *p, char **out, size_t *out_len) {
             w += utf8_put(cp, w); // never longer than the escape it replaces
             break;
         }
-        default: return fail(p, "bad escape");
+        default:
+            return fail(p, "bad escape");
         }
     }
     *w = 0; // w <= the closing quote
@@ -140,8 +162,10 @@ static int parse_container(struct parser *p, struct jv *v, bool object) {
             p->s++;
         }
         if (parse_value(p, c)) return -1;
-        if (last) last->next = c;
-        else v->child = c;
+        if (last)
+            last->next = c;
+        else
+            v->child = c;
         last = c;
         v->n++;
         skip_ws(p);
@@ -171,8 +195,10 @@ static int parse_number(struct parser *p, struct jv *v) {
     char *s = p->s;
     if (s < p->end && *s == '-') s++;
     if (s >= p->end || *s < '0' || *s > '9') return fail(p, "bad number");
-    if (*s == '0') s++;
-    else while (s < p->end && *s >= '0' && *s <= '9') s++;
+    if (*s == '0')
+        s++;
+    else
+        while (s < p->end && *s >= '0' && *s <= '9') s++;
     if (s < p->end && *s == '.') {
         s++;
         if (s >= p->end || *s < '0' || *s > '9') return fail(p, "bad number");
@@ -188,8 +214,10 @@ static int parse_number(struct parser *p, struct jv *v) {
     double x = 0;
     bool simple = s - p->s <= 9;
     for (char *q = p->s; simple && q < s; q++) {
-        if (*q < '0' || *q > '9') simple = false;
-        else x = x * 10 + (*q - '0');
+        if (*q < '0' || *q > '9')
+            simple = false;
+        else
+            x = x * 10 + (*q - '0');
     }
     if (!simple) {
         char buf[64];
@@ -209,16 +237,22 @@ static int parse_value(struct parser *p, struct jv *v) {
     skip_ws(p);
     if (p->s >= p->end) return fail(p, "unexpected end");
     switch (*p->s) {
-    case '{': return parse_container(p, v, true);
-    case '[': return parse_container(p, v, false);
+    case '{':
+        return parse_container(p, v, true);
+    case '[':
+        return parse_container(p, v, false);
     case '"':
         p->s++;
         v->type = JV_STRING;
         return parse_string(p, &v->str, &v->len);
-    case 't': return literal(p, "true", v, JV_TRUE);
-    case 'f': return literal(p, "false", v, JV_FALSE);
-    case 'n': return literal(p, "null", v, JV_NULL);
-    default: return parse_number(p, v);
+    case 't':
+        return literal(p, "true", v, JV_TRUE);
+    case 'f':
+        return literal(p, "false", v, JV_FALSE);
+    case 'n':
+        return literal(p, "null", v, JV_NULL);
+    default:
+        return parse_number(p, v);
     }
 }
 

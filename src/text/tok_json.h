@@ -30,4 +30,6 @@ void jv_free(struct jv_doc *doc);
 
 // Member of an object by name; NULL if absent or o is not an object.
 const struct jv *jv_get(const struct jv *o, const char *key);
-static inline bool jv_is(const struct jv *v, enum jv_type t) { return v && v->type == t; }
+static inline bool jv_is(const struct jv *v, enum jv_type t) {
+    return v && v->type == t;
+}

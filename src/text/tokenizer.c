@@ -73,7 +73,8 @@ static size_t merge_slot(const struct merge_map *m, uint64_t k) {
 static void merge_insert(struct merge_map *m, int32_t a, int32_t b, uint32_t rank, int32_t id) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t i = merge_slot(m, k);
-    for (; m->keys[i] != UINT64_MAX && m->keys[i] != k; i = (i + 1) & m->mask) {}
+    for (; m->keys[i] != UINT64_MAX && m->keys[i] != k; i = (i + 1) & m->mask) {
+    }
     m->keys[i] = k;
     m->vals[i] = ((uint64_t)rank << 32) | (uint32_t)id;
 }
@@ -102,7 +103,8 @@ static int get_bool(const struct jv *o, const char *key, bool dflt, bool *out, s
         *out = dflt;
         return 0;
     }
-    if (!(jv_is(v, JV_TRUE) || jv_is(v, JV_FALSE))) return wren_errf(e, "\"%s\" must be true or false", key);
+    if (!(jv_is(v, JV_TRUE) || jv_is(v, JV_FALSE)))
+        return wren_errf(e, "\"%s\" must be true or false", key);
     *out = jv_is(v, JV_TRUE);
     return 0;
 }
@@ -140,12 +142,14 @@ static int load_normalizer(struct tokenizer *t, const struct jv *n, struct wren_
     }
     if (ty && !strcmp(ty, "Sequence")) {
         const struct jv *list = jv_get(n, "normalizers");
-        if (!jv_is(list, JV_ARRAY)) return wren_errf(e, "normalizer Sequence needs a \"normalizers\" list");
+        if (!jv_is(list, JV_ARRAY))
+            return wren_errf(e, "normalizer Sequence needs a \"normalizers\" list");
         for (const struct jv *it = list->child; it; it = it->next)
             if (load_normalizer(t, it, e)) return -1;
         return 0;
     }
-    return wren_errf(e, "unsupported normalizer %s (only NFC is implemented)", ty ? ty : "(no type)");
+    return wren_errf(e, "unsupported normalizer %s (only NFC is implemented)",
+                     ty ? ty : "(no type)");
 }
 
 static int load_split(struct tokenizer *t, const struct jv *s, struct wren_err *e) {
@@ -169,7 +173,8 @@ static int check_bytelevel(const struct jv *b, const char *what, bool pre, struc
     bool prefix = false, use_regex = false;
     if (get_bool(b, "add_prefix_space", true, &prefix, e)) return -1;
     if (get_bool(b, "use_regex", true, &use_regex, e)) return -1;
-    if (prefix && pre) return wren_errf(e, "unsupported %s ByteLevel with add_prefix_space=true", what);
+    if (prefix && pre)
+        return wren_errf(e, "unsupported %s ByteLevel with add_prefix_space=true", what);
     if (use_regex && pre)
         return wren_errf(e, "unsupported %s ByteLevel with use_regex=true (the GPT-2 regex)", what);
     return 0;
@@ -183,19 +188,22 @@ static int load_pre_tokenizer(struct tokenizer *t, const struct jv *p, struct wr
     const char *ty = type_of(p);
     if (ty && !strcmp(ty, "Sequence")) {
         list = jv_get(p, "pretokenizers");
-        if (!jv_is(list, JV_ARRAY)) return wren_errf(e, "pre_tokenizer Sequence needs a \"pretokenizers\" list");
+        if (!jv_is(list, JV_ARRAY))
+            return wren_errf(e, "pre_tokenizer Sequence needs a \"pretokenizers\" list");
     }
     bool byte_level = false;
     for (const struct jv *it = list ? list->child : one[0]; it; it = list ? it->next : NULL) {
         const char *k = type_of(it);
         if (k && !strcmp(k, "Split")) {
-            if (byte_level) return wren_errf(e, "unsupported pre-tokenizer order: Split after ByteLevel");
+            if (byte_level)
+                return wren_errf(e, "unsupported pre-tokenizer order: Split after ByteLevel");
             if (load_split(t, it, e)) return -1;
         } else if (k && !strcmp(k, "ByteLevel")) {
             if (check_bytelevel(it, "pre-tokenizer", true, e)) return -1;
             byte_level = true;
         } else {
-            return wren_errf(e, "unsupported pre-tokenizer %s (Split and ByteLevel are implemented)",
+            return wren_errf(e,
+                             "unsupported pre-tokenizer %s (Split and ByteLevel are implemented)",
                              k ? k : "(no type)");
         }
     }
@@ -207,7 +215,8 @@ static int load_decoder(const struct jv *d, struct wren_err *e) {
     if (!d || jv_is(d, JV_NULL)) return 0;
     const char *ty = type_of(d);
     if (ty && !strcmp(ty, "ByteLevel")) return 0;
-    return wren_errf(e, "unsupported decoder %s (only ByteLevel is implemented)", ty ? ty : "(no type)");
+    return wren_errf(e, "unsupported decoder %s (only ByteLevel is implemented)",
+                     ty ? ty : "(no type)");
 }
 
 // A merge as "a b" or ["a", "b"]; sets the two halves (pointing into the JSON or into buf).
@@ -305,13 +314,15 @@ static int load_merges(struct tokenizer *t, const struct jv *merges, struct wren
             uint64_t key = ((uint64_t)(uint32_t)j->ia << 32) | (uint32_t)j->ib;
             __builtin_prefetch(&t->merges.keys[merge_slot(&t->merges, key)]);
         }
-        for (int k = 0; k < nj; k++) merge_insert(&t->merges, job[k].ia, job[k].ib, rank++, job[k].im);
+        for (int k = 0; k < nj; k++)
+            merge_insert(&t->merges, job[k].ia, job[k].ib, rank++, job[k].im);
     }
     free(buf);
     return 0;
 }
 
-static int load_added(struct tokenizer *t, const struct jv *list, size_t *used, struct wren_err *e) {
+static int load_added(struct tokenizer *t, const struct jv *list, size_t *used,
+                      struct wren_err *e) {
     int n = list->n;
     t->added = xcalloc((size_t)(n ? n : 1), sizeof *t->added);
     size_t total = 0;
@@ -328,7 +339,8 @@ static int load_added(struct tokenizer *t, const struct jv *list, size_t *used, 
         if (!jv_is(a, JV_OBJECT) || !jv_is(c, JV_STRING) || !c->str[0])
             return wren_errf(e, "added_tokens[%d]: needs a non-empty string \"content\"", k);
         if (get_id(jv_get(a, "id"), &x->id) || x->id >= t->n_ids)
-            return wren_errf(e, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", k, MAX_IDS);
+            return wren_errf(e, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", k,
+                             MAX_IDS);
         if (get_bool(a, "special", false, &x->special, e) ||
             get_bool(a, "lstrip", false, &x->lstrip, e) ||
             get_bool(a, "rstrip", false, &x->rstrip, e) ||
@@ -343,7 +355,8 @@ static int load_added(struct tokenizer *t, const struct jv *list, size_t *used, 
         // The same content twice: the tokenizers library keeps one entry, the last.
         int dup = -1;
         for (int j = 0; j < t->n_added; j++)
-            if (t->added[j].len == x->len && !memcmp(t->added[j].content, x->content, x->len)) dup = j;
+            if (t->added[j].len == x->len && !memcmp(t->added[j].content, x->content, x->len))
+                dup = j;
         if (dup >= 0) {
             t->added[dup] = *x;
             x = &t->added[dup];
@@ -366,7 +379,8 @@ static int load_json(struct tokenizer *t, const struct jv *root, struct wren_err
     if (ty && strcmp(ty, "BPE")) return wren_errf(e, "unsupported model type %s (only BPE)", ty);
     const struct jv *vocab = jv_get(model, "vocab");
     const struct jv *merges = jv_get(model, "merges");
-    if (!jv_is(vocab, JV_OBJECT)) return wren_errf(e, "model.vocab must be an object of token -> id");
+    if (!jv_is(vocab, JV_OBJECT))
+        return wren_errf(e, "model.vocab must be an object of token -> id");
     if (!jv_is(merges, JV_ARRAY)) return wren_errf(e, "model.merges must be an array");
     bool byte_fallback = false;
     if (get_bool(model, "byte_fallback", false, &byte_fallback, e) ||
@@ -502,7 +516,9 @@ void tokenizer_free(struct tokenizer *t) {
     free(t);
 }
 
-int tokenizer_n_vocab(const struct tokenizer *t) { return t->n_ids; }
+int tokenizer_n_vocab(const struct tokenizer *t) {
+    return t->n_ids;
+}
 
 int32_t tokenizer_token_id(const struct tokenizer *t, const char *token) {
     size_t n = strlen(token);
@@ -525,4 +541,6 @@ const char *tokenizer_token_bytes(const struct tokenizer *t, int32_t id, size_t 
     return t->bytes + t->off[id];
 }
 
-size_t tokenizer_max_token_len(const struct tokenizer *t) { return t->max_len; }
+size_t tokenizer_max_token_len(const struct tokenizer *t) {
+    return t->max_len;
+}

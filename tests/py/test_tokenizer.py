@@ -41,7 +41,9 @@ FIXED = [
     "emoji: 😀😃😄 👍🏽 ❤️ 🇫🇷🇯🇵 👨‍👩‍👧‍👦 🧑🏿‍🚀 🏳️‍🌈",
     "combining: e\u0301 a\u0300 o\u0308 n\u0303 \u0301alone Z\u0351\u0352\u0353algo",
     "precomposed vs decomposed: \u00e9 e\u0301 \u1e69 s\u0323\u0307 \u212b A\u030a",
-    "Hangul jamo: \u1100\u1161\u11a8 \u1112\u1161\u11ab",
+    "Hangul jamo: \u1100\u1161\u11a8 \u1112\u1161\u11ab \uac00\u11a8 \u1100\u1161 x\u1161",
+    "NFC: \u2000\u2001 \u212b \u0958 \u0f73 \u1e9b\u0323 e\u0301\u0327 A\u030a\u0301 \u0915\u093c",
+    "NFC at edges: \u0301start end\u0301 <think>\u0301</think>\u0301 \u0301\u0301\u0301",
     "العربية: مرحبا بالعالم! ١٢٣ ٤٥٦",
     "हिन्दी: नमस्ते दुनिया। क़ ख़ ग़ ०१२",
     "ไทย: สวัสดีชาวโลก ภาษาไทย",
@@ -120,6 +122,11 @@ def random_cases():
     # Any assigned code point of the BMP and the first supplementary plane.
     anywhere = [(0x0, 0x2FFFF)]
     cases += [_random_string(rng, anywhere, rng.randint(1, 200)) for _ in range(60)]
+    # Dense in what NFC reorders and composes: bases, marks, jamo, singletons, exclusions.
+    nfc_pool = [(0x41, 0x45), (0x61, 0x65), (0x300, 0x338), (0x1100, 0x1112), (0x1161, 0x1175),
+                (0x11A8, 0x11C2), (0xAC00, 0xAC20), (0x915, 0x93C), (0x958, 0x95F), (0x2000, 0x2001),
+                (0x212A, 0x212B), (0xF71, 0xF75), (0x20, 0x20), (0x1E00, 0x1E0F)]
+    cases += [_random_string(rng, nfc_pool, rng.randint(1, 80)) for _ in range(80)]
     cases.append(_random_string(rng, scripts, 20000))
     return cases
 
