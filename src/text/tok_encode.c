@@ -21,6 +21,7 @@ struct enc {
     pcre2_match_data *md;
     pcre2_match_context *mctx; // only once a match needed a bigger JIT stack
     pcre2_jit_stack *jit_stack;
+    struct word_cache *cache; // NULL while another thread holds it
     struct wren_err *e;
 };
 
@@ -40,9 +41,10 @@ static void encode_word(struct enc *st, const char *w, size_t n) {
     reserve(st, n);
     int32_t *out = st->ids + st->n;
     uint64_t h = 0;
-    if (n <= WORD_CACHE_MAX_KEY) {
+    bool cached = st->cache && n <= WORD_CACHE_MAX_KEY;
+    if (cached) {
         h = tok_hash(w, n);
-        int k = word_cache_get(t->cache, w, n, h, out);
+        int k = word_cache_get(st->cache, w, n, h, out);
         if (k >= 0) {
             st->n += (size_t)k;
             return;
@@ -54,7 +56,7 @@ static void encode_word(struct enc *st, const char *w, size_t n) {
         st->scratch = xmalloc(st->scratch_cap * sizeof *st->scratch);
     }
     size_t k = tok_bpe(t, (const unsigned char *)w, n, out, st->scratch);
-    if (n <= WORD_CACHE_MAX_KEY) word_cache_put(t->cache, w, n, h, out, (int)k);
+    if (cached) word_cache_put(st->cache, w, n, h, out, (int)k);
     st->n += k;
 }
 
@@ -306,7 +308,9 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
             return wren_errf(e, "tokenize: out of memory for the regex matcher");
         }
     }
+    if (word_cache_acquire(t->cache)) st.cache = t->cache;
     int rc = split_added(&st, 0, text, len, encode_raw_span);
+    if (st.cache) word_cache_release(st.cache);
     free(st.scratch);
     if (st.md) pcre2_match_data_free(st.md);
     if (st.mctx) pcre2_match_context_free(st.mctx);

@@ -41,7 +41,9 @@ struct added_token {
     bool special, lstrip, rstrip, single_word, normalized;
 };
 
-// Cache of pre-token bytes -> ids, shared by all encode calls (guarded by a mutex).
+// Cache of pre-token bytes -> ids, shared by all encode calls: a call uses it only between
+// word_cache_acquire() (which fails, without waiting, while another thread holds it) and
+// word_cache_release().
 struct word_cache {
     pthread_mutex_t mu;
     uint32_t *slots; // entry index + 1; 0 = empty
@@ -95,6 +97,8 @@ size_t tok_bpe(const struct tokenizer *t, const unsigned char *w, size_t n, int3
                uint32_t *scratch);
 
 struct word_cache *word_cache_new(void);
+bool word_cache_acquire(struct word_cache *c);
+void word_cache_release(struct word_cache *c);
 void word_cache_free(struct word_cache *c);
 // Looks up key; on a hit copies the ids to out (capacity >= WORD_CACHE_MAX_KEY) and returns
 // their count, else -1.

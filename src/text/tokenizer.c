@@ -15,20 +15,38 @@
 
 #define MAX_IDS (1 << 24)
 
+static inline uint64_t load64(const unsigned char *s) {
+    uint64_t v;
+    memcpy(&v, s, 8);
+    return v;
+}
+
+static inline uint64_t load32(const unsigned char *s) {
+    uint32_t v;
+    memcpy(&v, s, 4);
+    return v;
+}
+
+// Short keys (most words and tokens) are read with at most two overlapping loads, never past
+// the end; one multiply-xorshift round per 8 bytes, a murmur3 finalizer so the low bits used as
+// table indices depend on every input bit.
 uint64_t tok_hash(const void *p, size_t n) {
     const unsigned char *s = p;
-    uint64_t h = 0x243F6A8885A308D3ull ^ (n * 0x9E3779B97F4A7C15ull);
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, s, 8);
-        h = (h ^ v) * 0xFF51AFD7ED558CCDull;
-        h ^= h >> 32;
-        s += 8, n -= 8;
+    uint64_t h = 0x243F6A8885A308D3ull ^ (n * 0x9E3779B97F4A7C15ull), v;
+    if (n >= 8) {
+        for (; n > 8; s += 8, n -= 8) {
+            h = (h ^ load64(s)) * 0xFF51AFD7ED558CCDull;
+            h ^= h >> 32;
+        }
+        v = load64(s + n - 8); // the last 8 bytes (overlapping the previous block)
+    } else if (n >= 4) {
+        v = load32(s) | load32(s + n - 4) << 32;
+    } else if (n > 0) {
+        v = (uint64_t)s[0] | (uint64_t)s[n / 2] << 8 | (uint64_t)s[n - 1] << 16;
+    } else {
+        v = 0;
     }
-    uint64_t v = 0;
-    memcpy(&v, s, n);
     h ^= v;
-    // murmur3 finalizer: every input bit reaches the low bits used as the table index
     h ^= h >> 33;
     h *= 0xFF51AFD7ED558CCDull;
     h ^= h >> 33;
