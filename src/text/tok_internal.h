@@ -106,6 +106,10 @@ int word_cache_get(struct word_cache *c, const char *key, size_t n, uint64_t h, 
 void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h, const int32_t *ids,
                     int n_ids);
 
+struct jv;
+// Reads normalizer, pre_tokenizer and decoder of a tokenizer.json (tok_pipeline.c).
+int tok_load_pipeline(struct tokenizer *t, const struct jv *root, struct wren_err *e);
+
 // Translates a regex written for Oniguruma / Rust (what the tokenizers library runs) into the
 // PCRE2 dialect with the same meaning where the two differ (\s, \w classes) and compiles it
 // with UTF + UCP. Returns NULL and fills e on a bad pattern.

@@ -290,3 +290,25 @@ const struct jv *jv_get(const struct jv *o, const char *key) {
         if (c->key_len == n && !memcmp(c->key, key, n)) return c;
     return NULL;
 }
+
+int jv_get_bool(const struct jv *o, const char *key, bool dflt, bool *out, struct wren_err *e) {
+    const struct jv *v = jv_get(o, key);
+    if (!v || jv_is(v, JV_NULL)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!(jv_is(v, JV_TRUE) || jv_is(v, JV_FALSE)))
+        return wren_errf(e, "\"%s\" must be true or false", key);
+    *out = jv_is(v, JV_TRUE);
+    return 0;
+}
+
+const char *jv_type(const struct jv *o) {
+    const struct jv *ty = jv_get(o, "type");
+    return jv_is(ty, JV_STRING) ? ty->str : NULL;
+}
+
+bool jv_str_is(const struct jv *o, const char *key, const char *want) {
+    const struct jv *v = jv_get(o, key);
+    return jv_is(v, JV_STRING) && !strcmp(v->str, want);
+}

@@ -33,3 +33,9 @@ const struct jv *jv_get(const struct jv *o, const char *key);
 static inline bool jv_is(const struct jv *v, enum jv_type t) {
     return v && v->type == t;
 }
+// Boolean member: dflt when absent or null, an error when of another type.
+int jv_get_bool(const struct jv *o, const char *key, bool dflt, bool *out, struct wren_err *e);
+// The "type" member's string, or NULL.
+const char *jv_type(const struct jv *o);
+// Whether member `key` is the string `want`.
+bool jv_str_is(const struct jv *o, const char *key, const char *want);

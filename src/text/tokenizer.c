@@ -115,18 +115,6 @@ static int set_token(struct tokenizer *t, size_t *used, int32_t id, const char *
     return 0;
 }
 
-static int get_bool(const struct jv *o, const char *key, bool dflt, bool *out, struct wren_err *e) {
-    const struct jv *v = jv_get(o, key);
-    if (!v || jv_is(v, JV_NULL)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!(jv_is(v, JV_TRUE) || jv_is(v, JV_FALSE)))
-        return wren_errf(e, "\"%s\" must be true or false", key);
-    *out = jv_is(v, JV_TRUE);
-    return 0;
-}
-
 static int get_id(const struct jv *v, int32_t *out) {
     if (!jv_is(v, JV_NUMBER)) return -1;
     double d = v->num;
@@ -135,106 +123,10 @@ static int get_id(const struct jv *v, int32_t *out) {
     return 0;
 }
 
-static const char *type_of(const struct jv *o) {
-    const struct jv *ty = jv_get(o, "type");
-    return jv_is(ty, JV_STRING) ? ty->str : NULL;
-}
-
-static bool str_is(const struct jv *o, const char *key, const char *want) {
-    const struct jv *v = jv_get(o, key);
-    return jv_is(v, JV_STRING) && !strcmp(v->str, want);
-}
-
 // Missing and empty-string options are equivalent in the tokenizers library.
 static bool empty_or_null(const struct jv *o, const char *key) {
     const struct jv *v = jv_get(o, key);
     return !v || jv_is(v, JV_NULL) || (jv_is(v, JV_STRING) && !v->str[0]);
-}
-
-static int load_normalizer(struct tokenizer *t, const struct jv *n, struct wren_err *e) {
-    if (!n || jv_is(n, JV_NULL)) return 0;
-    const char *ty = type_of(n);
-    if (ty && !strcmp(ty, "NFC")) {
-        t->nfc = true;
-        return 0;
-    }
-    if (ty && !strcmp(ty, "Sequence")) {
-        const struct jv *list = jv_get(n, "normalizers");
-        if (!jv_is(list, JV_ARRAY))
-            return wren_errf(e, "normalizer Sequence needs a \"normalizers\" list");
-        for (const struct jv *it = list->child; it; it = it->next)
-            if (load_normalizer(t, it, e)) return -1;
-        return 0;
-    }
-    return wren_errf(e, "unsupported normalizer %s (only NFC is implemented)",
-                     ty ? ty : "(no type)");
-}
-
-static int load_split(struct tokenizer *t, const struct jv *s, struct wren_err *e) {
-    if (t->split_re) return wren_errf(e, "unsupported pre-tokenizer: more than one Split");
-    if (!str_is(s, "behavior", "Isolated"))
-        return wren_errf(e, "unsupported Split behavior (only \"Isolated\" is implemented)");
-    bool invert = false;
-    if (get_bool(s, "invert", false, &invert, e)) return -1;
-    if (invert) return wren_errf(e, "unsupported Split with invert=true");
-    const struct jv *pat = jv_get(s, "pattern");
-    const struct jv *re = jv_get(pat, "Regex");
-    const struct jv *lit = jv_get(pat, "String");
-    const struct jv *p = jv_is(re, JV_STRING) ? re : lit;
-    if (!jv_is(p, JV_STRING) || !p->str[0])
-        return wren_errf(e, "Split needs a pattern {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-    t->split_re = tok_regex_compile(p->str, p->len, p == lit, e);
-    return t->split_re ? 0 : -1;
-}
-
-static int check_bytelevel(const struct jv *b, const char *what, bool pre, struct wren_err *e) {
-    bool prefix = false, use_regex = false;
-    if (get_bool(b, "add_prefix_space", true, &prefix, e)) return -1;
-    if (get_bool(b, "use_regex", true, &use_regex, e)) return -1;
-    if (prefix && pre)
-        return wren_errf(e, "unsupported %s ByteLevel with add_prefix_space=true", what);
-    if (use_regex && pre)
-        return wren_errf(e, "unsupported %s ByteLevel with use_regex=true (the GPT-2 regex)", what);
-    return 0;
-}
-
-static int load_pre_tokenizer(struct tokenizer *t, const struct jv *p, struct wren_err *e) {
-    if (!p || jv_is(p, JV_NULL))
-        return wren_errf(e, "missing pre_tokenizer (a byte-level BPE tokenizer needs ByteLevel)");
-    const struct jv *one[1] = {p};
-    const struct jv *list = NULL;
-    const char *ty = type_of(p);
-    if (ty && !strcmp(ty, "Sequence")) {
-        list = jv_get(p, "pretokenizers");
-        if (!jv_is(list, JV_ARRAY))
-            return wren_errf(e, "pre_tokenizer Sequence needs a \"pretokenizers\" list");
-    }
-    bool byte_level = false;
-    for (const struct jv *it = list ? list->child : one[0]; it; it = list ? it->next : NULL) {
-        const char *k = type_of(it);
-        if (k && !strcmp(k, "Split")) {
-            if (byte_level)
-                return wren_errf(e, "unsupported pre-tokenizer order: Split after ByteLevel");
-            if (load_split(t, it, e)) return -1;
-        } else if (k && !strcmp(k, "ByteLevel")) {
-            if (check_bytelevel(it, "pre-tokenizer", true, e)) return -1;
-            byte_level = true;
-        } else {
-            return wren_errf(e,
-                             "unsupported pre-tokenizer %s (Split and ByteLevel are implemented)",
-                             k ? k : "(no type)");
-        }
-    }
-    if (!byte_level) return wren_errf(e, "unsupported pre-tokenizer: no ByteLevel step");
-    return 0;
-}
-
-static int load_decoder(const struct jv *d, struct wren_err *e) {
-    if (!d || jv_is(d, JV_NULL)) return 0;
-    const char *ty = type_of(d);
-    if (ty && !strcmp(ty, "ByteLevel")) return 0;
-    return wren_errf(e, "unsupported decoder %s (only ByteLevel is implemented)",
-                     ty ? ty : "(no type)");
 }
 
 // A merge as "a b" or ["a", "b"]; sets the two halves (pointing into the JSON or into buf).
@@ -359,11 +251,11 @@ static int load_added(struct tokenizer *t, const struct jv *list, size_t *used,
         if (get_id(jv_get(a, "id"), &x->id) || x->id >= t->n_ids)
             return wren_errf(e, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", k,
                              MAX_IDS);
-        if (get_bool(a, "special", false, &x->special, e) ||
-            get_bool(a, "lstrip", false, &x->lstrip, e) ||
-            get_bool(a, "rstrip", false, &x->rstrip, e) ||
-            get_bool(a, "single_word", false, &x->single_word, e) ||
-            get_bool(a, "normalized", !x->special, &x->normalized, e))
+        if (jv_get_bool(a, "special", false, &x->special, e) ||
+            jv_get_bool(a, "lstrip", false, &x->lstrip, e) ||
+            jv_get_bool(a, "rstrip", false, &x->rstrip, e) ||
+            jv_get_bool(a, "single_word", false, &x->single_word, e) ||
+            jv_get_bool(a, "normalized", !x->special, &x->normalized, e))
             return wren_err_prefix(e, "added_tokens[%d]: ", k);
         x->len = c->len;
         if (utf8_valid_prefix(c->str, x->len) != x->len)
@@ -393,7 +285,7 @@ static int load_json(struct tokenizer *t, const struct jv *root, struct wren_err
     if (!jv_is(root, JV_OBJECT)) return wren_errf(e, "the top level is not a JSON object");
     const struct jv *model = jv_get(root, "model");
     if (!jv_is(model, JV_OBJECT)) return wren_errf(e, "missing \"model\" object");
-    const char *ty = type_of(model);
+    const char *ty = jv_type(model);
     if (ty && strcmp(ty, "BPE")) return wren_errf(e, "unsupported model type %s (only BPE)", ty);
     const struct jv *vocab = jv_get(model, "vocab");
     const struct jv *merges = jv_get(model, "merges");
@@ -401,8 +293,8 @@ static int load_json(struct tokenizer *t, const struct jv *root, struct wren_err
         return wren_errf(e, "model.vocab must be an object of token -> id");
     if (!jv_is(merges, JV_ARRAY)) return wren_errf(e, "model.merges must be an array");
     bool byte_fallback = false;
-    if (get_bool(model, "byte_fallback", false, &byte_fallback, e) ||
-        get_bool(model, "ignore_merges", false, &t->ignore_merges, e))
+    if (jv_get_bool(model, "byte_fallback", false, &byte_fallback, e) ||
+        jv_get_bool(model, "ignore_merges", false, &t->ignore_merges, e))
         return wren_err_prefix(e, "model: ");
     if (byte_fallback) return wren_errf(e, "unsupported BPE option byte_fallback=true");
     if (!empty_or_null(model, "continuing_subword_prefix") ||
@@ -468,9 +360,7 @@ static int load_json(struct tokenizer *t, const struct jv *root, struct wren_err
     }
     if (load_merges(t, merges, e)) return wren_err_prefix(e, "model.merges: ");
     if (jv_is(added, JV_ARRAY) && load_added(t, added, &used, e)) return -1;
-    if (load_normalizer(t, jv_get(root, "normalizer"), e)) return -1;
-    if (load_pre_tokenizer(t, jv_get(root, "pre_tokenizer"), e)) return -1;
-    if (load_decoder(jv_get(root, "decoder"), e)) return -1;
+    if (tok_load_pipeline(t, root, e)) return -1;
     return 0;
 }
 
