@@ -16,6 +16,7 @@ struct sink {
 
 static void put(struct sink *s, const char *p, size_t k) {
     if (k > s->cap - s->n) k = s->cap - s->n; // never past the caller's buffer
+    if (!k) return;
     memcpy(s->out + s->n, p, k);
     s->n += k;
 }

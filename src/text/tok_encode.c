@@ -238,6 +238,7 @@ struct buf {
 };
 
 static void buf_put(struct buf *b, const char *s, size_t n) {
+    if (!n) return;
     if (b->n + n > b->cap) b->p = xrealloc(b->p, b->cap = 2 * (b->n + n) + 64);
     memcpy(b->p + b->n, s, n);
     b->n += n;
@@ -247,6 +248,7 @@ static int encode_raw_span(struct enc *st, const char *s, size_t n) {
     if (!st->t->nfc) return encode_normalized(st, s, n);
     struct buf out = {0};
     size_t copied = 0, i = 0;
+    bool changed = false;
     while (i < n) {
         if ((unsigned char)s[i] < 0xCC) { // ASCII, continuation bytes, code points < U+0300
             i++;
@@ -282,8 +284,9 @@ static int encode_raw_span(struct enc *st, const char *s, size_t n) {
         buf_put(&out, (const char *)norm, (size_t)nk);
         free(norm);
         copied = i = we;
+        changed = true;
     }
-    if (!out.p) return encode_normalized(st, s, n); // nothing to normalize: no copy
+    if (!changed) return encode_normalized(st, s, n); // nothing to normalize: no copy
     buf_put(&out, s + copied, n - copied);
     int rc = encode_normalized(st, out.p, out.n);
     free(out.p);

@@ -265,32 +265,3 @@ def test_cli_text_argument_and_stdin():
     assert r.returncode == 0 and r.stdout.decode() == text
     r = wren("detokenize", "-m", d, "--skip-special", str(hf.token_to_id("<|im_end|>")), "9707")
     assert r.returncode == 0 and r.stdout.decode() == hf.decode([9707])
-
-
-@pytest.mark.parametrize("data", [b"abc\xff", b"\xc3", b"ok \xed\xa0\x80 surrogate", b"\xf8\x88\x80\x80\x80",
-                                  b"\xc0\xaf overlong", b"\xf4\x90\x80\x80 too big"])
-def test_invalid_utf8_is_an_error(tmp_path, data):
-    p = tmp_path / "bad.txt"
-    p.write_bytes(data)
-    r = wren("tokenize", "-m", os.path.dirname(QWEN3), "--text-file", str(p))
-    assert r.returncode == 1
-    assert b"UTF-8" in r.stderr and r.stdout == b""
-
-
-def test_cli_errors(tmp_path):
-    d = os.path.dirname(QWEN3)
-    r = wren("tokenize", "-m", str(tmp_path / "nope"), "x")
-    assert r.returncode == 1 and b"nope" in r.stderr
-    r = wren("tokenize", "x")
-    assert r.returncode == 2 and b"-m" in r.stderr
-    (tmp_path / "tokenizer.json").write_text("{not json")
-    r = wren("tokenize", "-m", str(tmp_path), "x")
-    assert r.returncode == 1 and b"not valid JSON" in r.stderr
-    n = Tokenizer.from_file(QWEN3).get_vocab_size(with_added_tokens=True)
-    r = wren("detokenize", "-m", d, "1", str(n))
-    assert r.returncode == 1 and str(n).encode() in r.stderr and r.stdout == b""
-    r = wren("detokenize", "-m", d, "12x")
-    assert r.returncode == 1
-    (tmp_path / "ids.json").write_text('{"a": 1}')
-    r = wren("detokenize", "-m", d, "--ids-file", str(tmp_path / "ids.json"))
-    assert r.returncode == 1 and b"JSON array" in r.stderr
