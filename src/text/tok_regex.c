@@ -98,7 +98,8 @@ pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, str
     char *pat = literal ? NULL : translate(pattern, len);
     int err;
     PCRE2_SIZE erroff;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    // Oniguruma's Ruby syntax (the tokenizers library's default) makes ^ and $ line anchors.
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : PCRE2_MULTILINE);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : pat),
                                    literal ? len : strlen(pat), opts, &err, &erroff, NULL);
     free(pat);
