@@ -296,10 +296,10 @@ static int encode_raw_span(struct enc *st, const char *s, size_t n) {
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
                      struct wren_err *e) {
     *ids = NULL;
-    if (!text && len) return wren_errf(e, "tokenize: no text given");
+    if (!text && len) return wren_errf(e, "no text given");
     size_t valid = utf8_valid_prefix(text, len);
     if (valid != len)
-        return wren_errf(e, "tokenize: the text is not valid UTF-8 (bad byte 0x%02X at offset %zu)",
+        return wren_errf(e, "the text is not valid UTF-8 (bad byte 0x%02X at offset %zu)",
                          (unsigned char)text[valid], valid);
     struct enc st = {.t = t, .e = e};
     st.cap = len / 3 + 16;
@@ -308,7 +308,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
         st.md = pcre2_match_data_create_from_pattern(t->split_re, NULL);
         if (!st.md) {
             free(st.ids);
-            return wren_errf(e, "tokenize: out of memory for the regex matcher");
+            return wren_errf(e, "out of memory for the regex matcher");
         }
     }
     if (word_cache_acquire(t->cache)) st.cache = t->cache;
@@ -324,7 +324,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
     }
     if (st.n > INT32_MAX) {
         free(st.ids);
-        return wren_errf(e, "tokenize: text too long (more than 2^31 tokens)");
+        return wren_errf(e, "text too long (more than 2^31 tokens)");
     }
     *ids = st.ids;
     return (int)st.n;
