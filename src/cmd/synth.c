@@ -20,6 +20,7 @@ struct synth_opts {
     int shard_mb; // shard size cap in MiB
     int vision;   // -1: the preset's choice
     bool force;
+    bool plan; // print the tensor table instead of writing
 };
 
 static void usage(FILE *f) {
@@ -87,6 +88,8 @@ static int parse(struct synth_opts *o, int argc, char **argv) {
             o->vision = 0;
         } else if (!strcmp(a, "--force")) {
             o->force = true;
+        } else if (!strcmp(a, "--plan")) {
+            o->plan = true;
         } else {
             fprintf(stderr, "wren synth: unknown option '%s'\n", a);
             usage(stderr);
@@ -95,7 +98,7 @@ static int parse(struct synth_opts *o, int argc, char **argv) {
 #undef VALUE
 #undef IS
     }
-    if (!o->preset || !o->out) {
+    if (!o->preset || (!o->out && !o->plan)) {
         fprintf(stderr, "wren synth: --preset and --out are required\n");
         usage(stderr);
         return -1;
@@ -175,6 +178,13 @@ static int run(const struct synth_opts *o, struct wren_err *e) {
     if (o->tokenizer) {
         if (synth_tokenizer_read(o->tokenizer, &tk, e)) return -1;
         apply_tokenizer(&d, &tk);
+    }
+    if (o->plan) {
+        struct synth_plan p;
+        synth_plan_build(&p, &d, o->seed, (uint64_t)o->shard_mb << 20);
+        int rc = synth_print_plan(&p, &d, stdout, e);
+        synth_plan_free(&p);
+        return rc;
     }
     if (prepare_dir(o->out, o->force, e)) return -1;
     if (o->tokenizer && synth_tokenizer_copy(o->tokenizer, o->out, &tk, e)) return -1;

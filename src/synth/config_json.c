@@ -133,7 +133,7 @@ static cJSON *vision_config(const struct synth_dims *d) {
     return v;
 }
 
-int synth_write_config(const struct synth_dims *d, const char *dir, struct wren_err *e) {
+static cJSON *config_json(const struct synth_dims *d) {
     cJSON *c = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3_5MoeForConditionalGeneration"));
@@ -148,7 +148,11 @@ int synth_write_config(const struct synth_dims *d, const char *dir, struct wren_
     cJSON_AddItemToObject(c, "vision_config", vision_config(d));
     add_id(c, "vision_end_token_id", d->vision_end);
     add_id(c, "vision_start_token_id", d->vision_start);
-    return write_json(dir, "config.json", c, e);
+    return c;
+}
+
+int synth_write_config(const struct synth_dims *d, const char *dir, struct wren_err *e) {
+    return write_json(dir, "config.json", config_json(d), e);
 }
 
 int synth_write_generation_config(const struct synth_dims *d, const char *dir, struct wren_err *e) {
@@ -188,4 +192,30 @@ int synth_write_index(const struct synth_plan *p, const char *dir, struct wren_e
     }
     free(sorted);
     return write_json(dir, "model.safetensors.index.json", root, e);
+}
+
+int synth_print_plan(const struct synth_plan *p, const struct synth_dims *d, FILE *f,
+                     struct wren_err *e) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "config", config_json(d));
+    cJSON_AddNumberToObject(root, "files", p->n_shards);
+    cJSON_AddNumberToObject(root, "total_size", (double)p->total_bytes);
+    cJSON *all = cJSON_AddObjectToObject(root, "tensors");
+    for (int i = 0; i < p->n; i++) {
+        const struct synth_tensor *t = &p->t[i];
+        cJSON *o = cJSON_AddObjectToObject(all, t->name);
+        cJSON_AddStringToObject(o, "dtype", st_dtype_name(t->st.dtype));
+        cJSON *sh = cJSON_AddArrayToObject(o, "shape");
+        for (int d = 0; d < t->st.ndim; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->st.shape[d]));
+        char shard[64];
+        synth_shard_name(p, t->shard, shard, sizeof shard);
+        cJSON_AddStringToObject(o, "file", shard);
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) return wren_errf(e, "out of memory formatting the plan");
+    int bad = fprintf(f, "%s\n", text) < 0 || fflush(f);
+    cJSON_free(text);
+    return bad ? wren_errf(e, "writing the plan to stdout failed") : 0;
 }

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "model/st_writer.h"
 #include "util/err.h"
@@ -100,6 +101,10 @@ int synth_write_shards(const struct synth_plan *p, const char *dir, int threads,
 int synth_write_config(const struct synth_dims *d, const char *dir, struct wren_err *e);
 int synth_write_generation_config(const struct synth_dims *d, const char *dir, struct wren_err *e);
 int synth_write_index(const struct synth_plan *p, const char *dir, struct wren_err *e);
+// The plan as JSON: {"config": config.json, "files", "total_size",
+// "tensors": {name: {dtype, shape, file}} in file order}.
+int synth_print_plan(const struct synth_plan *p, const struct synth_dims *d, FILE *f,
+                     struct wren_err *e);
 
 // Tokenizer directory: reads tokenizer.json to size the vocabulary (max id of model.vocab and
 // added_tokens, + 1) and find the special ids; copies the tokenizer files into dir.
