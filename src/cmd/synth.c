@@ -134,6 +134,7 @@ static bool is_checkpoint_file(const char *name) {
 // no stale file of another sharding is left beside the new index.
 static int prepare_dir(const char *dir, bool force, struct wren_err *e) {
     struct stat st;
+    if (!*dir) return wren_errf(e, "--out: empty directory name");
     if (stat(dir, &st)) {
         if (errno != ENOENT) return wren_errf(e, "%s: %s", dir, strerror(errno));
         return mkdir_p(dir, e);

@@ -43,6 +43,10 @@ int synth_tokenizer_read(const char *src_dir, struct synth_tokenizer *tk, struct
     tk->endoftext = tk->im_end = tk->vision_start = tk->vision_end = -1;
     tk->image_pad = tk->video_pad = -1;
     char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", src_dir);
+    if (stat(path, &st))
+        return wren_errf(e, "tokenizer directory %s has no tokenizer_config.json", src_dir);
     snprintf(path, sizeof path, "%s/tokenizer.json", src_dir);
     size_t len;
     char *text = read_file(path, &len, e);

@@ -458,9 +458,26 @@ def test_write_failure_is_reported_and_cleaned_up(tmp_path):
     assert not (out / "model.safetensors.index.json").exists()
 
 
+def test_bad_tokenizer_dir_writes_nothing(tmp_path):
+    src = tmp_path / "half"
+    src.mkdir()
+    (src / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
+    r = synth(tmp_path / "o", "--preset", "tiny", "--tokenizer", str(src), check=False)
+    assert r.returncode != 0 and "tokenizer_config.json" in r.stderr
+    assert not (tmp_path / "o").exists()
+    (src / "tokenizer_config.json").write_text("{}")
+    (src / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}, "added_tokens": []}')
+    r = synth(tmp_path / "o", "--preset", "tiny", "--tokenizer", str(src), check=False)
+    assert r.returncode != 0 and "<|endoftext|>" in r.stderr
+    (src / "tokenizer.json").write_text('{"model": ')
+    r = synth(tmp_path / "o", "--preset", "tiny", "--tokenizer", str(src), check=False)
+    assert r.returncode != 0 and "JSON" in r.stderr
+
+
 def test_bad_options(tmp_path):
     for args in (["--preset", "tiny", "--layers", "0"], ["--preset", "tiny", "--seed", "-1"],
-                 ["--preset", "tiny", "--bogus"], ["--preset"]):
+                 ["--preset", "tiny", "--bogus"], ["--preset"],
+                 ["--preset", "tiny", "--threads", "x"]):
         r = synth(tmp_path / "o", *args, check=False)
         assert r.returncode != 0, args
     r = subprocess.run([BIN, "synth", "--preset", "tiny"], capture_output=True, text=True)
