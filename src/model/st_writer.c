@@ -1,55 +1,18 @@
 #include "model/st_writer.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "util/strbuf.h"
 #include "util/util.h"
-
-const char *st_dtype_name(enum st_dtype t) {
-    switch (t) {
-    case ST_U32:
-        return "U32";
-    case ST_BF16:
-        return "BF16";
-    case ST_F32:
-        return "F32";
-    }
-    return "?";
-}
-
-size_t st_dtype_size(enum st_dtype t) {
-    return t == ST_BF16 ? 2 : 4;
-}
 
 size_t st_tensor_elems(const struct st_tensor_out *t) {
     size_t n = 1;
     for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
     return n;
-}
-
-struct strbuf {
-    char *p;
-    size_t len, cap;
-};
-
-static void sb_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(struct strbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n >= 0 && (size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        b->cap = b->cap * 2 + (n > 0 ? (size_t)n : 0);
-        b->p = xrealloc(b->p, b->cap);
-    }
 }
 
 // Names go into the JSON verbatim, so they must need no escaping.
@@ -62,17 +25,18 @@ static int name_ok(const char *s) {
 
 char *st_header_build(struct st_tensor_out *t, int n, size_t *len, size_t *data_bytes,
                       struct wren_err *e) {
-    struct strbuf b = {xmalloc(4096), 8, 4096}; // the first 8 bytes hold the length
+    struct strbuf b = {0};
+    sb_put(&b, "\0\0\0\0\0\0\0\0", 8); // the length, filled in below
     sb_printf(&b, "{\"__metadata__\":{\"format\":\"mlx\"}");
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         if (!name_ok(t[i].name)) {
-            free(b.p);
+            sb_free(&b);
             wren_errf(e, "tensor name '%s' cannot be written into a safetensors header", t[i].name);
             return NULL;
         }
         if (t[i].ndim < 0 || t[i].ndim > ST_MAX_DIMS) {
-            free(b.p);
+            sb_free(&b);
             wren_errf(e, "tensor %s: %d dimensions (at most %d)", t[i].name, t[i].ndim,
                       ST_MAX_DIMS);
             return NULL;
@@ -81,18 +45,23 @@ char *st_header_build(struct st_tensor_out *t, int n, size_t *len, size_t *data_
                   st_dtype_name(t[i].dtype));
         for (int d = 0; d < t[i].ndim; d++) {
             if (t[i].shape[d] < 0) {
-                free(b.p);
+                sb_free(&b);
                 wren_errf(e, "tensor %s: negative dimension", t[i].name);
                 return NULL;
             }
             sb_printf(&b, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+        }
+        if (!st_dtype_size(t[i].dtype)) {
+            sb_free(&b);
+            wren_errf(e, "tensor %s: dtype without a fixed size", t[i].name);
+            return NULL;
         }
         t[i].nbytes = st_tensor_elems(&t[i]) * st_dtype_size(t[i].dtype);
         sb_printf(&b, "],\"data_offsets\":[%zu,%zu]}", off, off + t[i].nbytes);
         off += t[i].nbytes;
     }
     sb_printf(&b, "}");
-    while ((b.len - 8) % 8) sb_printf(&b, " ");
+    while ((b.len - 8) % 8) sb_putc(&b, ' ');
     uint64_t hlen = b.len - 8;
     for (int k = 0; k < 8; k++) b.p[k] = (char)(uint8_t)(hlen >> (8 * k)); // little-endian
     // data_offsets in the header are relative to the data start; the offsets kept are absolute
@@ -103,7 +72,7 @@ char *st_header_build(struct st_tensor_out *t, int n, size_t *len, size_t *data_
     }
     *len = b.len;
     *data_bytes = off;
-    return b.p;
+    return sb_take(&b);
 }
 
 int st_pwrite_all(int fd, const void *buf, size_t n, off_t off, const char *path,

@@ -7,11 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "model/safetensors.h"
 #include "util/err.h"
-
-enum st_dtype { ST_U32, ST_BF16, ST_F32 };
-
-#define ST_MAX_DIMS 6
 
 struct st_tensor_out {
     const char *name;
@@ -22,8 +19,6 @@ struct st_tensor_out {
     size_t offset; // filled by st_header_build: absolute byte offset of the data in the file
 };
 
-const char *st_dtype_name(enum st_dtype t); // "U32", "BF16", "F32"
-size_t st_dtype_size(enum st_dtype t);
 size_t st_tensor_elems(const struct st_tensor_out *t);
 
 // Builds the complete header (length prefix + JSON + padding) for tensors t[0..n) and fills each
