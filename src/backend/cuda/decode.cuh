@@ -123,3 +123,30 @@ struct sample_params {
     int ring_n;
 };
 int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e);
+
+// ---- The decode step -------------------------------------------------------------------------
+// Activation workspace of one backend (shared by its states: steps never run concurrently).
+struct decode_ws {
+    float *x;                 // [hidden] residual stream
+    float *qkv, *z, *b, *a, *y; // DeltaNet: conv outputs, gate, beta/alpha logits, mixer output
+    float *qg, *k, *v, *q, *att, *part; // attention
+    float *rlog, *wts, *act;  // MoE: router logits (+ shared gate), weights, expert activations
+    int *ids;
+    unsigned *counter;        // router finisher ticket
+    int *pos, *step;          // device position and sampler step counters
+    int32_t *tok;             // the step's input token
+    int *counts;              // sampler: generated-token counts
+    uint8_t *seen;            // sampler: ids in prompt + generated
+    float *work;              // sampler scratch [vocab]
+    unsigned long long *argmax;
+    unsigned *scounter;
+    struct sampled_token *ring, *ring_dev; // host-mapped ring (host and device views)
+    int ring_n;
+    int splits;               // attention split-KV blocks per KV head
+};
+
+// Enqueues one decode step (embedding of ws->tok at position ws->pos through the lm_head into
+// st->logits) on cx->stream. No host synchronization; capturable.
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e);
+// Sets the device position and token counters (a kernel, so it is capturable and needs no host buffer).
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e);
