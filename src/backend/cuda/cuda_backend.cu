@@ -579,10 +579,31 @@ static void cuda_destroy(struct backend *b) {
     free(cb);
 }
 
-static const struct backend_ops cuda_ops = {
-    "cuda",          cuda_destroy,     cuda_state_new,  cuda_state_free, cuda_forward,
-    cuda_generate,   cuda_snap_save,   cuda_snap_restore, cuda_snap_bytes, cuda_snap_free,
-};
+static int cuda_read_logits(struct backend *b, struct bstate *s, float *out, struct wren_err *e) {
+    struct cuda_backend *cb = cb_of(b);
+    CUDA_CHECK(cudaMemcpyAsync(out, s->st.logits, (size_t)cb->cx.cfg->vocab * 4, cudaMemcpyDeviceToHost,
+                               cb->cx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(cb->cx.stream));
+    return 0;
+}
+
+static struct backend_ops make_ops(void) {
+    struct backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.destroy = cuda_destroy;
+    o.state_new = cuda_state_new;
+    o.state_free = cuda_state_free;
+    o.forward = cuda_forward;
+    o.read_logits = cuda_read_logits;
+    o.generate = cuda_generate;
+    o.snap_save = cuda_snap_save;
+    o.snap_restore = cuda_snap_restore;
+    o.snap_bytes = cuda_snap_bytes;
+    o.snap_free = cuda_snap_free;
+    return o;
+}
+static const struct backend_ops cuda_ops = make_ops();
 
 extern "C" struct backend *cuda_backend_create(const struct model *m, const struct backend_opts *o,
                                                struct wren_err *e) {
@@ -600,6 +621,7 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     cb->b.ops = &cuda_ops;
     cb->b.model = m;
     cb->b.max_chunk = o && o->prefill_chunk > 0 ? o->prefill_chunk : 4096;
+    cb->b.kv_elem_bytes = 2;
     cb->cx.model = m;
     cb->cx.cfg = &m->cfg;
     cb->cx.device = dev;

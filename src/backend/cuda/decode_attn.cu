@@ -38,9 +38,13 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     const int half = p.rope_dim / 2;
     if (d < p.rope_dim) {
         const int i = d < half ? d : d - half;
-        const float inv = 1.f / powf(p.rope_theta, (float)(2 * i) / (float)p.rope_dim);
+        // inv_freq and the angle in f32 as the reference computes them; sin/cos in f64
+        const float inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
+        const float ang = (float)pos * inv;
         double sn, cs;
-        sincos((double)pos * (double)inv, &sn, &cs);
+        sincos((double)ang, &sn, &cs);
+        sn = (float)sn;
+        cs = (float)cs;
         y = d < half ? (float)(xs[d] * cs - xs[d + half] * sn) : (float)(xs[d] * cs + xs[d - half] * sn);
     }
     if (isq) {
