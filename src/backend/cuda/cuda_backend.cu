@@ -312,7 +312,7 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
         free(s);
         return NULL;
     }
-    if (cudaMemset(s->block, 0, off) != cudaSuccess) {
+    if (cudaMemsetAsync(s->block, 0, off, cb->cx.stream) != cudaSuccess) {
         wren_errf(e, "cudaMemset of the state failed");
         cudaFree(s->block);
         free(s);
@@ -455,7 +455,9 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos, const str
         uint8_t *h = (uint8_t *)xcalloc(vocab, 1);
         for (int i = 0; i < n_history; i++)
             if (history[i] >= 0 && history[i] < vocab) h[history[i]] = 1;
-        cudaError_t rc = cudaMemcpy(w->seen, h, vocab, cudaMemcpyHostToDevice);
+        // on the backend's stream (non-blocking: the legacy stream would not order against it)
+        cudaError_t rc = cudaMemcpyAsync(w->seen, h, vocab, cudaMemcpyHostToDevice, cx->stream);
+        if (rc == cudaSuccess) rc = cudaStreamSynchronize(cx->stream);
         free(h);
         CUDA_CHECK(rc);
     } else {
@@ -664,8 +666,41 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         cuda_destroy(&cb->b);
         return NULL;
     }
+    // the uploads and memsets ran on the legacy stream, which the backend's non-blocking stream
+    // does not wait for
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        wren_errf(e, "CUDA backend: initialisation failed: %s", cudaGetErrorString(cudaGetLastError()));
+        cuda_destroy(&cb->b);
+        return NULL;
+    }
     if (progress_enabled())
         fprintf(stderr, "cuda: %s (%d SMs, %.0f MB L2), %.2f GiB of weights uploaded in %.1f s\n", prop.name,
                 prop.multiProcessorCount, prop.l2CacheSize / 1e6, cb->b.device_bytes / 1073741824.0, now_sec() - t0);
     return &cb->b;
+}
+
+// Benchmarks: one decode step at pos run without a graph, with an event pair around every launcher;
+// ms[c] gets the summed time of category c (DP_*) and *total the whole step.
+int cuda_profile_step(struct backend *b, struct bstate *s, int pos, double *ms, double *total, struct wren_err *e) {
+    struct cuda_backend *cb = cb_of(b);
+    struct cuda_ctx *cx = &cb->cx;
+    static struct decode_prof prof;
+    for (int c = 0; c < DP_N; c++) ms[c] = 0;
+    if (decode_set_pos_tok(&cb->ws, pos, 0, cx->stream, e)) return -1;
+    prof.n = 0;
+    decode_profile_set(&prof);
+    int rc = decode_enqueue(cx, &cb->ws, &s->st, e);
+    decode_profile_set(NULL);
+    if (rc) return -1;
+    CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    for (int i = 0; i + 1 < prof.n; i++) {
+        if (prof.cat[i] < 0) continue;
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, prof.ev[i], prof.ev[i + 1]));
+        ms[prof.cat[i]] += t;
+    }
+    float t = 0;
+    if (prof.n > 1) CUDA_CHECK(cudaEventElapsedTime(&t, prof.ev[0], prof.ev[prof.n - 1]));
+    *total = t;
+    return 0;
 }

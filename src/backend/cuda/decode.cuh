@@ -150,3 +150,15 @@ struct decode_ws {
 int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e);
 // Sets the device position and token counters (a kernel, so it is capturable and needs no host buffer).
 int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e);
+
+// Per-launcher event timing of one non-graph step (benchmarks only).
+enum { DP_EMBED, DP_DN_PROJ, DP_DN_STEP, DP_DN_OUT, DP_ATT_PROJ, DP_ATT, DP_ATT_OUT, DP_ROUTER, DP_GATE_UP,
+       DP_DOWN, DP_LM_HEAD, DP_N };
+#define DPROF_MAX 1024
+struct decode_prof {
+    int n;
+    int cat[DPROF_MAX]; // category of the interval starting at ev[i]; -1: end mark
+    cudaEvent_t ev[DPROF_MAX];
+};
+void decode_profile_set(struct decode_prof *p);
+int cuda_profile_step(struct backend *b, struct bstate *s, int pos, double *ms, double *total, struct wren_err *e);
