@@ -43,9 +43,10 @@ static double active_weight_bytes(const struct model *m) {
     double n = qmat_bytes(&m->lm_head) + (double)qmat_bytes(&m->embed) / c->vocab;
     for (int l = 0; l < c->n_layers; l++) {
         const struct layer *L = &m->layers[l];
-        const struct qmat *dense[] = {&L->dn_qkv, &L->dn_z,   &L->dn_b,    &L->dn_a,  &L->dn_out,
-                                      &L->q_proj, &L->k_proj, &L->v_proj,  &L->o_proj, &L->router,
-                                      &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_w};
+        const struct qmat *dense[] = {&L->dn_qkv,  &L->dn_z,     &L->dn_b,    &L->dn_a,
+                                      &L->dn_out,  &L->q_proj,   &L->k_proj,  &L->v_proj,
+                                      &L->o_proj,  &L->router,   &L->sh_gate, &L->sh_up,
+                                      &L->sh_down, &L->sh_gate_w};
         for (auto q : dense)
             if (q->rows) n += qmat_bytes(q);
         if (c->n_experts > 0)
@@ -75,8 +76,9 @@ int main(int argc, char **argv) {
     double t2 = now_sec();
     size_t fr, tot;
     CK(cudaMemGetInfo(&fr, &tot));
-    printf("model %s: load %.1f s, upload %.1f s (%.2f GiB of weights), device memory in use %.2f GiB\n", argv[1],
-           t1 - t0, t2 - t1, gpu->device_bytes / 1073741824.0, (tot - fr) / 1073741824.0);
+    printf("model %s: load %.1f s, upload %.1f s (%.2f GiB of weights), device memory in use %.2f "
+           "GiB\n",
+           argv[1], t1 - t0, t2 - t1, gpu->device_bytes / 1073741824.0, (tot - fr) / 1073741824.0);
     const double bw = copy_bw();
     const struct model_config *c = &m.cfg;
     const double wbytes = active_weight_bytes(&m);
@@ -84,16 +86,19 @@ int main(int argc, char **argv) {
                                ((double)c->dn_v_heads * c->dn_k_dim * c->dn_v_dim * 4 +
                                 (double)cfg_dn_conv_dim(c) * (c->conv_kernel - 1) * 4);
     const double kv_per_tok = (double)cfg_n_attn_layers(c) * c->n_kv_heads * c->head_dim * 2 * 2;
-    printf("device-to-device copy: %.0f GB/s (read + write); active weights %.3f GB/token, DeltaNet state %.3f GB/token, KV %.1f KiB per context token\n",
+    printf("device-to-device copy: %.0f GB/s (read + write); active weights %.3f GB/token, "
+           "DeltaNet state %.3f GB/token, KV %.1f KiB per context token\n",
            bw, wbytes / 1e9, state_bytes / 1e9, kv_per_tok / 1024);
-    const char *cats[DP_N] = {"embed", "dn_proj", "dn_step", "dn_out", "att_proj", "attn", "o_proj", "router",
-                              "gate_up", "down", "lm_head"};
-    printf("\n%8s %9s %9s %8s %7s | breakdown of one non-graph step (ms):", "ctx", "tok/s", "ms/tok", "GB/s", "%copy");
+    const char *cats[DP_N] = {"embed",  "dn_proj", "dn_step", "dn_out", "att_proj", "attn",
+                              "o_proj", "router",  "gate_up", "down",   "lm_head"};
+    printf("\n%8s %9s %9s %8s %7s | breakdown of one non-graph step (ms):", "ctx", "tok/s",
+           "ms/tok", "GB/s", "%copy");
     for (int i = 0; i < DP_N; i++) printf(" %s", cats[i]);
     printf(" total\n");
     struct sampler_params sp;
     memset(&sp, 0, sizeof sp);
-    sp.temperature = 0, sp.top_p = 1, sp.repetition_penalty = 1, sp.n_vocab = c->vocab, sp.n_logprobs = -1;
+    sp.temperature = 0, sp.top_p = 1, sp.repetition_penalty = 1, sp.n_vocab = c->vocab,
+    sp.n_logprobs = -1;
     for (int ctx : ctxs) {
         struct bstate *s = gpu->ops->state_new(gpu, ctx + gen + 16, &e);
         if (!s) {
@@ -102,18 +107,22 @@ int main(int argc, char **argv) {
         }
         if (ctx == 32768 || ctx == ctxs.back()) {
             CK(cudaMemGetInfo(&fr, &tot));
-            printf("    (device memory in use with a %d-token state: %.2f GiB)\n", ctx + gen + 16, (tot - fr) / 1073741824.0);
+            printf("    (device memory in use with a %d-token state: %.2f GiB)\n", ctx + gen + 16,
+                   (tot - fr) / 1073741824.0);
         }
         int n = 0, made = 0, fed = 0;
-        DIE_IF(gpu->ops->generate(gpu, s, ctx, &sp, NULL, 0, 8, count_cb, &n, &made, &fed, &e), "%s", e.msg); // capture
+        DIE_IF(gpu->ops->generate(gpu, s, ctx, &sp, NULL, 0, 8, count_cb, &n, &made, &fed, &e),
+               "%s", e.msg); // capture
         n = 0;
         double a = now_sec();
-        DIE_IF(gpu->ops->generate(gpu, s, ctx, &sp, NULL, 0, gen, count_cb, &n, &made, &fed, &e), "%s", e.msg);
+        DIE_IF(gpu->ops->generate(gpu, s, ctx, &sp, NULL, 0, gen, count_cb, &n, &made, &fed, &e),
+               "%s", e.msg);
         double dt = (now_sec() - a) / made;
         double bytes = wbytes + state_bytes + kv_per_tok * (ctx + gen / 2);
         double ms[DP_N], total;
         DIE_IF(cuda_profile_step(gpu, s, ctx, ms, &total, &e), "%s", e.msg);
-        printf("%8d %9.1f %9.3f %8.0f %6.1f%% |", ctx, 1 / dt, dt * 1e3, bytes / dt / 1e9, 100 * bytes / dt / 1e9 / bw);
+        printf("%8d %9.1f %9.3f %8.0f %6.1f%% |", ctx, 1 / dt, dt * 1e3, bytes / dt / 1e9,
+               100 * bytes / dt / 1e9 / bw);
         for (int i = 0; i < DP_N; i++) printf(" %.3f", ms[i]);
         printf(" %.3f\n", total);
         fflush(stdout);

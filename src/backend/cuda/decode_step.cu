@@ -6,7 +6,9 @@
 // Profiling mode (off unless decode_profile_set was called; never inside a captured graph): an
 // event pair around every launcher, attributed to a category.
 static struct decode_prof *g_prof;
-void decode_profile_set(struct decode_prof *p) { g_prof = p; }
+void decode_profile_set(struct decode_prof *p) {
+    g_prof = p;
+}
 
 static int prof_mark(cudaStream_t s, int cat) {
     struct decode_prof *p = g_prof;
@@ -22,7 +24,8 @@ __global__ void set_pos_tok_kernel(int *pos, int p, int32_t *tok, int32_t t) {
     if (t >= 0) *tok = t;
 }
 
-int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e) {
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s,
+                       struct wren_err *e) {
     set_pos_tok_kernel<<<1, 1, 0, s>>>(ws->pos, pos, ws->tok, tok);
     CUDA_CHECK_LAUNCH();
     return 0;
@@ -38,7 +41,8 @@ static struct gemv_seg seg_of(const struct dmat *m, int epi, float *out) {
     return g;
 }
 
-static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L, struct wren_err *e) {
+static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L,
+                     struct wren_err *e) {
     const struct model_config *c = cx->cfg;
     const int K = c->n_experts > 0 ? c->top_k : 0;
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
@@ -123,7 +127,6 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     dp.S = st->ssm[j];
     dp.A_log = L->dn_A_log;
     dp.dt_bias = L->dn_dt_bias;
-    dp.norm_w = L->dn_norm;
     dp.y = ws->y;
     dp.k_heads = c->dn_k_heads;
     dp.v_heads = c->dn_v_heads;
@@ -134,6 +137,10 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     memset(&gp, 0, sizeof gp);
     gp.x = ws->y;
     gp.cols = cfg_dn_v_dim(c);
+    gp.gn_w = L->dn_norm;
+    gp.gn_z = ws->z;
+    gp.gn_dv = c->dn_v_dim;
+    gp.eps = c->rms_eps;
     gp.seg[gp.nseg++] = seg_of(&L->dn_out, EPI_ADD, ws->x);
     return PROF(DP_DN_OUT, gemv_launch(&gp, cx->stream, e));
 }
@@ -180,7 +187,8 @@ static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cud
     return PROF(DP_ATT_OUT, gemv_launch(&gp, cx->stream, e));
 }
 
-int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e) {
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st,
+                   struct wren_err *e) {
     const struct model_config *c = cx->cfg;
     if (PROF(DP_EMBED, embed_launch(&cx->dm.embed, ws->tok, ws->x, cx->stream, e))) return -1;
     int jd = 0, ja = 0;
