@@ -455,6 +455,14 @@ static void fill_sample_params(struct cuda_backend *cb, struct bstate *s,
     sp->ring_n = w->ring_n;
 }
 
+// Field by field: the struct has padding, which memcmp would compare too.
+static bool same_sampler(const struct sampler_params *a, const struct sampler_params *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p &&
+           a->min_p == b->min_p && a->presence_penalty == b->presence_penalty &&
+           a->frequency_penalty == b->frequency_penalty && a->repetition_penalty == b->repetition_penalty &&
+           a->seed == b->seed && a->n_vocab == b->n_vocab && a->n_logprobs == b->n_logprobs;
+}
+
 static int cuda_generate(struct backend *b, struct bstate *s, int pos,
                          const struct sampler_params *p, const int32_t *history, int n_history,
                          int max_new, gen_token_cb cb_fn, void *ud, int *n_generated, int *fed,
@@ -470,7 +478,7 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos,
         return wren_errf(e, "position %d is outside the context", pos);
     // every token fed must fit: the last sampled token is not fed when max_new is reached
     if (pos + max_new - 1 > s->st.max_ctx) max_new = s->st.max_ctx - pos + 1;
-    if (!s->gen || memcmp(&s->gen_p, p, sizeof *p)) {
+    if (!s->gen || !same_sampler(&s->gen_p, p)) {
         if (s->gen) cudaGraphExecDestroy(s->gen), s->gen = NULL;
         struct sample_params sp;
         fill_sample_params(cb, s, p, 1, &sp);
