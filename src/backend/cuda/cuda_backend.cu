@@ -292,6 +292,7 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
 
 // ---- state ------------------------------------------------------------------------------------
 static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren_err *e) {
+    cudaSetDevice(cb_of(b)->cx.device); // entry points may run on threads other than the creator's
     struct cuda_backend *cb = cb_of(b);
     const struct model_config *c = cb->cx.cfg;
     if (max_ctx < 1) {
@@ -355,6 +356,7 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
 }
 
 static void cuda_state_free(struct backend *b, struct bstate *s) {
+    if (s) cudaSetDevice(cb_of(b)->cx.device);
     if (!s) return;
     struct cuda_backend *cb = cb_of(b);
     cudaStreamSynchronize(cb->cx.stream);
@@ -409,6 +411,7 @@ int cuda_decode_token(struct cuda_ctx *cx, struct cuda_state *st, int pos, int32
 
 static int cuda_forward(struct backend *b, struct bstate *s, int pos, const int32_t *tokens, int n,
                         float *logits, bool all_logits, struct wren_err *e) {
+    CUDA_CHECK(cudaSetDevice(cb_of(b)->cx.device));
     struct cuda_backend *cb = cb_of(b);
     struct cuda_ctx *cx = &cb->cx;
     if (n < 1 || n > b->max_chunk)
@@ -459,14 +462,16 @@ static void fill_sample_params(struct cuda_backend *cb, struct bstate *s,
 static bool same_sampler(const struct sampler_params *a, const struct sampler_params *b) {
     return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p &&
            a->min_p == b->min_p && a->presence_penalty == b->presence_penalty &&
-           a->frequency_penalty == b->frequency_penalty && a->repetition_penalty == b->repetition_penalty &&
-           a->seed == b->seed && a->n_vocab == b->n_vocab && a->n_logprobs == b->n_logprobs;
+           a->frequency_penalty == b->frequency_penalty &&
+           a->repetition_penalty == b->repetition_penalty && a->seed == b->seed &&
+           a->n_vocab == b->n_vocab && a->n_logprobs == b->n_logprobs;
 }
 
 static int cuda_generate(struct backend *b, struct bstate *s, int pos,
                          const struct sampler_params *p, const int32_t *history, int n_history,
                          int max_new, gen_token_cb cb_fn, void *ud, int *n_generated, int *fed,
                          struct wren_err *e) {
+    CUDA_CHECK(cudaSetDevice(cb_of(b)->cx.device));
     struct cuda_backend *cb = cb_of(b);
     struct cuda_ctx *cx = &cb->cx;
     struct decode_ws *w = &cb->ws;
@@ -534,6 +539,7 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos,
 // ---- snapshots --------------------------------------------------------------------------------
 static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos, bool with_kv,
                                     struct wren_err *e) {
+    cudaSetDevice(cb_of(b)->cx.device);
     struct cuda_backend *cb = cb_of(b);
     const struct model_config *c = cb->cx.cfg;
     const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
@@ -575,6 +581,7 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
 
 static int cuda_snap_restore(struct backend *b, struct bstate *s, const struct bsnap *sn,
                              struct wren_err *e) {
+    CUDA_CHECK(cudaSetDevice(cb_of(b)->cx.device));
     struct cuda_backend *cb = cb_of(b);
     const struct model_config *c = cb->cx.cfg;
     const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
@@ -602,7 +609,7 @@ static size_t cuda_snap_bytes(const struct bsnap *sn) {
 }
 
 static void cuda_snap_free(struct backend *b, struct bsnap *sn) {
-    (void)b;
+    if (sn) cudaSetDevice(cb_of(b)->cx.device);
     if (!sn) return;
     cudaFree(sn->dev);
     free(sn);
@@ -612,6 +619,7 @@ static void cuda_snap_free(struct backend *b, struct bsnap *sn) {
 static void cuda_destroy(struct backend *b) {
     if (!b) return;
     struct cuda_backend *cb = cb_of(b);
+    cudaSetDevice(cb->cx.device);
     if (cb->cx.stream) cudaStreamSynchronize(cb->cx.stream);
     for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
     free(cb->allocs);
@@ -620,7 +628,7 @@ static void cuda_destroy(struct backend *b) {
     if (cb->ws.ring) cudaFreeHost(cb->ws.ring);
     if (cb->cx.stream) cudaStreamDestroy(cb->cx.stream);
     free(cb->cx.dm.layers);
-    if (cb->state_bytes_peak || b->device_bytes) {
+    if (progress_enabled() && (cb->state_bytes_peak || b->device_bytes)) {
         // peak memory of this run, for benchmarks and capacity planning
         fprintf(stderr, "cuda: weights %.2f GiB, peak state %.2f GiB\n",
                 b->device_bytes / 1073741824.0, cb->state_bytes_peak / 1073741824.0);
@@ -629,6 +637,7 @@ static void cuda_destroy(struct backend *b) {
 }
 
 static int cuda_read_logits(struct backend *b, struct bstate *s, float *out, struct wren_err *e) {
+    CUDA_CHECK(cudaSetDevice(cb_of(b)->cx.device));
     struct cuda_backend *cb = cb_of(b);
     CUDA_CHECK(cudaMemcpyAsync(out, s->st.logits, (size_t)cb->cx.cfg->vocab * 4,
                                cudaMemcpyDeviceToHost, cb->cx.stream));
