@@ -16,6 +16,32 @@ static int count_cb(void *ud, const struct sampled_token *t) {
     return 0;
 }
 
+__global__ void empty_kernel(int *p) {
+    if (p && threadIdx.x == 1024) *p = 0; // never true: keeps the kernel from being elided
+}
+
+// Replay cost of a graph of n empty kernel nodes, per node (us): the floor any n-launch step pays.
+static double node_cost_us(int n) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < n; i++) empty_kernel<<<132, 256, 0, st>>>(nullptr);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&x, g, 0));
+    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(x, st));
+    CK(cudaStreamSynchronize(st));
+    double t0 = now_sec();
+    for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(x, st));
+    CK(cudaStreamSynchronize(st));
+    double us = (now_sec() - t0) / 20 / n * 1e6;
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    return us;
+}
+
 static double copy_bw(void) {
     const size_t n = 2ull << 30;
     void *a, *b;
@@ -80,6 +106,7 @@ int main(int argc, char **argv) {
            "GiB\n",
            argv[1], t1 - t0, t2 - t1, gpu->device_bytes / 1073741824.0, (tot - fr) / 1073741824.0);
     const double bw = copy_bw();
+    printf("graph of 263 empty kernels (132 x 256 threads): %.2f us per node\n", node_cost_us(263));
     const struct model_config *c = &m.cfg;
     const double wbytes = active_weight_bytes(&m);
     const double state_bytes = 2.0 * (c->n_layers - cfg_n_attn_layers(c)) *
