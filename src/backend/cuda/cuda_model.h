@@ -67,3 +67,7 @@ struct cuda_ctx {
 // as backend_ops.forward: leaves the last logits in st->logits and copies to `logits` if non-NULL.
 int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int32_t *tokens, int n,
                  float *logits, bool all_logits, struct wren_err *e);
+
+// One decode step for token `tok` at position `pos` (src/backend/cuda/cuda_backend.cu): enqueued on
+// cx->stream (a replayed CUDA graph), not synchronized; leaves the logits in st->logits.
+int cuda_decode_token(struct cuda_ctx *cx, struct cuda_state *st, int pos, int32_t tok, struct wren_err *e);
