@@ -61,14 +61,16 @@ static void check(const at_case &c) {
             double mx = -1e300, sum = 0;
             for (int j = 0; j < n; j++) {
                 double s = 0;
-                for (int i = 0; i < hd; i++) s += (double)qv[i] * K[((size_t)j * c.nkv + kvh) * hd + i];
+                for (int i = 0; i < hd; i++)
+                    s += (double)qv[i] * K[((size_t)j * c.nkv + kvh) * hd + i];
                 sc[j] = (float)(s / 16.0);
                 mx = fmax(mx, sc[j]);
             }
             for (int j = 0; j < n; j++) sum += exp(sc[j] - mx);
             for (int i = 0; i < hd; i++) {
                 double o = 0;
-                for (int j = 0; j < n; j++) o += exp(sc[j] - mx) * V[((size_t)j * c.nkv + kvh) * hd + i];
+                for (int j = 0; j < n; j++)
+                    o += exp(sc[j] - mx) * V[((size_t)j * c.nkv + kvh) * hd + i];
                 float g = 1.f / (1.f + expf(-qs[hd + i]));
                 ref[((size_t)t * c.nh + h) * hd + i] = (float)(o / sum) * g;
             }
@@ -89,8 +91,8 @@ static void check(const at_case &c) {
     for (size_t i = 0; i < ob.size(); i++) out[i] = h_f32(ob[i]);
     for (size_t i = 0; i < kb.size(); i++) kg[i] = h_f32(kb[i]);
     char what[160];
-    snprintf(what, sizeof what, "attn T=%d pos=%d heads %d:%d rope %d: output", T, pos, c.nh,
-             c.nkv, c.rope_dim);
+    snprintf(what, sizeof what, "attn T=%d pos=%d heads %d:%d rope %d: output", T, pos, c.nh, c.nkv,
+             c.rope_dim);
     report(what, rel_l2(out.data(), ref.data(), out.size()), 1.5e-2);
     snprintf(what, sizeof what, "attn T=%d pos=%d: K cache rows", T, pos);
     report(what, rel_l2(kg.data(), K.data(), kg.size()), 8e-3);
@@ -108,10 +110,12 @@ static void bench(int T, int pos) {
     attn_dims d = {T, pos, nh, nkv, hd, 64, 1e7f, 1e-6f, true};
     float *q = dev_poison<float>((size_t)T * nh * hd * 2);
     CK(cudaMemset(q, 0, sizeof(float) * T * nh * hd * 2));
-    uint16_t *kc = dev_poison<uint16_t>((size_t)ctx * nkv * hd), *vc = dev_poison<uint16_t>((size_t)ctx * nkv * hd);
+    uint16_t *kc = dev_poison<uint16_t>((size_t)ctx * nkv * hd),
+             *vc = dev_poison<uint16_t>((size_t)ctx * nkv * hd);
     CK(cudaMemset(kc, 0, 2ull * ctx * nkv * hd));
     CK(cudaMemset(vc, 0, 2ull * ctx * nkv * hd));
-    uint16_t *qb = dev_poison<uint16_t>((size_t)T * nh * hd), *out = dev_poison<uint16_t>((size_t)T * nh * hd);
+    uint16_t *qb = dev_poison<uint16_t>((size_t)T * nh * hd),
+             *out = dev_poison<uint16_t>((size_t)T * nh * hd);
     CK(cudaMemset(qb, 0, 2ull * T * nh * hd));
     gpu_timer tm;
     OK(pf_flash_attn(0, &d, (const bf16 *)qb, kc, vc, q, (bf16 *)out, ERR));

@@ -9,7 +9,8 @@
 namespace {
 
 __global__ void fill_words(uint32_t *w, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint32_t x = (uint32_t)i * 2654435761u ^ seed;
         x ^= x >> 15;
         x *= 2246822519u;
@@ -19,14 +20,16 @@ __global__ void fill_words(uint32_t *w, size_t n, uint32_t seed) {
 }
 // scales/biases for 2^bits levels so that weights are ~ uniform in [-amp, amp]
 __global__ void fill_sb(bf16 *s, bf16 *b, size_t n, float amp, int levels) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float sc = 2.f * amp / (levels - 1);
         s[i] = __float2bfloat16(sc);
         b[i] = __float2bfloat16(-amp);
     }
 }
 __global__ void fill_f(float *p, size_t n, float base, float var, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint32_t x = (uint32_t)i * 2654435761u ^ seed;
         x ^= x >> 15;
         x *= 2246822519u;
@@ -107,12 +110,14 @@ int main(int argc, char **argv) {
             d.dn_conv = fv((size_t)C * 4, 0.f, 1.f), d.dn_A_log = fv(32, -0.5f, 1.f);
             d.dn_dt_bias = fv(32, 0.f, 1.f), d.dn_norm = fv(128, 1.f, 0.2f);
         } else {
-            d.q_proj = qm(1, 16 * 512, H, 4), d.k_proj = qm(1, 512, H, 4), d.v_proj = qm(1, 512, H, 4);
+            d.q_proj = qm(1, 16 * 512, H, 4), d.k_proj = qm(1, 512, H, 4),
+            d.v_proj = qm(1, 512, H, 4);
             d.o_proj = qm(1, H, 16 * 256, 4);
             d.q_norm = fv(256, 1.f, 0.2f), d.k_norm = fv(256, 1.f, 0.2f);
         }
         d.router = qm(1, 256, H, 8);
-        d.exp_gate = qm(256, 512, H, 4), d.exp_up = qm(256, 512, H, 4), d.exp_down = qm(256, H, 512, 4);
+        d.exp_gate = qm(256, 512, H, 4), d.exp_up = qm(256, 512, H, 4),
+        d.exp_down = qm(256, H, 512, 4);
         d.sh_gate = qm(1, 512, H, 4), d.sh_up = qm(1, 512, H, 4), d.sh_down = qm(1, H, 512, 4);
         d.sh_gate_w = qm(1, 1, H, 8);
     }
@@ -166,8 +171,9 @@ int main(int argc, char **argv) {
         float ms = run(len, false);
         double attn = 10.0 * 4 * 16 * 256 * ((double)len * (len + 1) / 2);
         double flop = per_tok * len + attn;
-        printf("prefill chunk=%d len=%7d: %9.1f ms  %9.0f tok/s  %6.1f TFLOP/s (matmul+attention)\n",
-               chunk, len, ms, len / ms * 1e3, flop / ms / 1e9);
+        printf(
+            "prefill chunk=%d len=%7d: %9.1f ms  %9.0f tok/s  %6.1f TFLOP/s (matmul+attention)\n",
+            chunk, len, ms, len / ms * 1e3, flop / ms / 1e9);
         fflush(stdout);
         if (len == 2048 || len == 32768) {
             double kind[PF_KINDS];

@@ -11,7 +11,9 @@ struct dn_out {
     std::vector<float> conv, S, y;
 };
 
-static float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+static float softplus(float x) {
+    return x > 20.f ? x : log1pf(expf(x));
+}
 
 static dn_out cpu_dn(const dn_case &c, const std::vector<float> &qkv, const std::vector<float> &ba,
                      std::vector<float> conv, std::vector<float> S, const std::vector<float> &cw,
@@ -42,7 +44,8 @@ static dn_out cpu_dn(const dn_case &c, const std::vector<float> &qkv, const std:
             const float *q = &x[kh * c.dk], *k = &x[c.kh * c.dk + kh * c.dk];
             const float *v = &x[2 * c.kh * c.dk + h * c.dv];
             float beta = 1.f / (1.f + expf(-ba[(size_t)t * 2 * c.vh + h]));
-            float g = expf(-expf(A_log[h]) * softplus(ba[(size_t)t * 2 * c.vh + c.vh + h] + dtb[h]));
+            float g =
+                expf(-expf(A_log[h]) * softplus(ba[(size_t)t * 2 * c.vh + c.vh + h] + dtb[h]));
             float *Sh = &S[(size_t)h * c.dk * c.dv];
             for (int j = 0; j < c.dv; j++) {
                 double kS = 0;
@@ -142,7 +145,8 @@ static void bench(int T) {
     float *conv = dev_poison<float>((size_t)C * 3), *cw = dev_poison<float>((size_t)C * 4);
     CK(cudaMemset(conv, 0, sizeof(float) * C * 3));
     CK(cudaMemset(cw, 0, sizeof(float) * C * 4));
-    float *S = dev_poison<float>((size_t)c.vh * c.dk * c.dv), *o = dev_poison<float>((size_t)T * 4096);
+    float *S = dev_poison<float>((size_t)c.vh * c.dk * c.dv),
+          *o = dev_poison<float>((size_t)T * 4096);
     CK(cudaMemset(S, 0, sizeof(float) * c.vh * c.dk * c.dv));
     float *A = dev_poison<float>(32), *dt = dev_poison<float>(32);
     CK(cudaMemset(A, 0, 128));

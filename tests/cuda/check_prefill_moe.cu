@@ -49,8 +49,8 @@ static void check(int T, int E, int k, int H, int I, int bm) {
     for (int t = 0; t < T; t++)
         for (int e = 0; e < E; e++) {
             float v = rnd_n() * 2.f;
-            if (e == 1) v += 30.f;              // expert 1 takes every token
-            if (e >= E - 3) v -= 100.f;         // the last three take none
+            if (e == 1) v += 30.f;               // expert 1 takes every token
+            if (e >= E - 3) v -= 100.f;          // the last three take none
             if (e == 5 && t % 7 == 0) v += 12.f; // expert 5 some
             logits[(size_t)t * E + e] = v;
         }
@@ -154,13 +154,13 @@ static void bench(int T, int bm) {
 int main(int argc, char **argv) {
     check(200, 16, 4, 256, 128, 64);
     check(200, 16, 4, 256, 128, 128);
+    check(300, 8, 4, 256, 128, 256);
     check(37, 24, 8, 128, 64, 64);
     check(1, 16, 4, 128, 64, 128);
     if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
-        for (int T : {512, 2048, 4096, 16384}) {
-            bench(T, 64);
-            bench(T, 128);
-        }
+        for (int T : {512, 1024, 2048, 4096, 16384, 32768})
+            for (int bm : {64, 128, 256})
+                if (T * 8 / 256 >= bm / 4 && T * 8 / 256 <= bm * 8) bench(T, bm);
     }
     printf(g_fail ? "check_prefill_moe: FAIL\n" : "check_prefill_moe: all ok\n");
     return g_fail;

@@ -37,7 +37,9 @@ static inline uint32_t rnd_u32() {
     g_rng ^= g_rng << 17;
     return (uint32_t)(g_rng >> 16);
 }
-static inline float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() / 4294967296.f); }
+static inline float rnd_f(float lo, float hi) {
+    return lo + (hi - lo) * (rnd_u32() / 4294967296.f);
+}
 static inline float rnd_n() { // roughly normal
     float s = 0;
     for (int i = 0; i < 4; i++) s += rnd_f(-1, 1);
@@ -56,7 +58,9 @@ static inline float h_f32(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
-static inline float round_bf16(float f) { return h_f32(h_bf16(f)); }
+static inline float round_bf16(float f) {
+    return h_f32(h_bf16(f));
+}
 
 template <class T> static T *dev_upload(const std::vector<T> &v) {
     T *d;
@@ -171,7 +175,9 @@ static void report(const char *what, double err, double tol) {
     if (!ok) g_fail = 1;
 }
 
-static inline float h_silu(float x) { return x / (1.f + expf(-x)); }
+static inline float h_silu(float x) {
+    return x / (1.f + expf(-x));
+}
 
 struct gpu_timer {
     cudaEvent_t a, b;

@@ -4,15 +4,18 @@
 // The recurrence is column-separable: column j of S (one value dim) evolves from k, q, g, beta and
 // v[j] alone. So a block owns 16 columns of one value head; 8 lanes share a column (DK/8 rows of S
 // each, in registers) and combine their partial dot products with 3 shuffles. Inputs are staged
-// through shared memory CT steps at a time. This is the sequential form; its cost is linear in T.
+// through shared memory CT steps at a time (double-buffered cp.async). This is the sequential form;
+// its cost is linear in T.
 #include "backend/cuda/prefill.cuh"
 
 namespace {
 
 constexpr int CONV_TB = 32; // timesteps per conv thread
-constexpr int SCAN_COLS = 16, SCAN_THREADS = SCAN_COLS * 8, CT = 32;
+constexpr int SCAN_COLS = 16, SCAN_THREADS = SCAN_COLS * 8, CT = 16;
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+__device__ __forceinline__ float silu(float x) {
+    return x / (1.f + __expf(-x));
+}
 
 // Thread per (channel, block of CONV_TB steps).
 __global__ void conv_kernel(const float *x, const float *state, const float *w, float *y, int T,
@@ -67,72 +70,101 @@ __global__ void qk_norm_kernel(float *qkvc, float *ba, const float *A_log, const
     }
 }
 
+__device__ __forceinline__ void cp_async(void *smem, const void *g, int bytes) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(g));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(g));
+}
+
+// Inputs of CT steps are staged by cp.async into one of two buffers while the other is consumed,
+// so the sequential loop never waits on global memory.
 template <int DK>
-__global__ void __launch_bounds__(SCAN_THREADS) scan_kernel(const float *qkvc, const float *ba,
-                                                            float *S, float *o, int T, int C,
-                                                            int kh, int vh, int dv) {
+__global__ void __launch_bounds__(SCAN_THREADS)
+    scan_kernel(const float *qkvc, const float *ba, float *S, float *o, int T, int C, int kh,
+                int vh, int dv) {
     constexpr int R = DK / 8; // rows of S per thread
-    __shared__ __align__(16) float qs[CT][DK], ks[CT][DK];
-    __shared__ float vs[CT][SCAN_COLS], gs[CT], bs[CT];
+    __shared__ __align__(16) float qs[2][CT][DK], ks[2][CT][DK];
+    __shared__ __align__(16) float vs[2][CT][SCAN_COLS];
+    __shared__ float gs[2][CT], bs[2][CT];
     const int h = blockIdx.y, j0 = blockIdx.x * SCAN_COLS;
     const int tid = threadIdx.x, jj = tid >> 3, sl = tid & 7;
     const int khead = h / (vh / kh);
     const int qoff = khead * DK, koff = kh * DK + khead * DK, voff = 2 * kh * DK + h * dv + j0;
     float *Sh = S + (size_t)h * DK * dv;
 
+    auto stage = [&](int c0, int buf) {
+        const int n = min(CT, T - c0);
+        for (int i = tid; i < n * DK / 4; i += SCAN_THREADS) {
+            const int t = i / (DK / 4), d = (i % (DK / 4)) * 4;
+            const float *row = qkvc + (size_t)(c0 + t) * C;
+            cp_async(&qs[buf][t][d], row + qoff + d, 16);
+            cp_async(&ks[buf][t][d], row + koff + d, 16);
+        }
+        for (int i = tid; i < n * SCAN_COLS / 4; i += SCAN_THREADS) {
+            const int t = i / (SCAN_COLS / 4), d = (i % (SCAN_COLS / 4)) * 4;
+            cp_async(&vs[buf][t][d], qkvc + (size_t)(c0 + t) * C + voff + d, 16);
+        }
+        for (int t = tid; t < n; t += SCAN_THREADS) {
+            cp_async(&bs[buf][t], ba + (size_t)(c0 + t) * 2 * vh + h, 4);
+            cp_async(&gs[buf][t], ba + (size_t)(c0 + t) * 2 * vh + vh + h, 4);
+        }
+        asm volatile("cp.async.commit_group;\n");
+    };
+
     float st[R];
 #pragma unroll
     for (int i = 0; i < R; i++) st[i] = Sh[(size_t)(sl * R + i) * dv + j0 + jj];
 
-    for (int c0 = 0; c0 < T; c0 += CT) {
+    stage(0, 0);
+    for (int c0 = 0, buf = 0; c0 < T; c0 += CT, buf ^= 1) {
         const int n = min(CT, T - c0);
-        __syncthreads();
-        for (int i = tid; i < n * DK; i += SCAN_THREADS) {
-            int t = i / DK, d = i % DK;
-            const float *row = qkvc + (size_t)(c0 + t) * C;
-            qs[t][d] = row[qoff + d];
-            ks[t][d] = row[koff + d];
-        }
-        for (int i = tid; i < n * SCAN_COLS; i += SCAN_THREADS) {
-            int t = i / SCAN_COLS, d = i % SCAN_COLS;
-            vs[t][d] = qkvc[(size_t)(c0 + t) * C + voff + d];
-        }
-        for (int t = tid; t < n; t += SCAN_THREADS) {
-            bs[t] = ba[(size_t)(c0 + t) * 2 * vh + h];
-            gs[t] = ba[(size_t)(c0 + t) * 2 * vh + vh + h];
-        }
+        if (c0 + CT < T)
+            stage(c0 + CT, buf ^ 1);
+        else
+            asm volatile("cp.async.commit_group;\n");
+        asm volatile("cp.async.wait_group 1;\n");
         __syncthreads();
         for (int t = 0; t < n; t++) {
-            const float g = gs[t], beta = bs[t];
+            const float g = gs[buf][t], beta = bs[buf][t];
             float kv[R], qv[R];
 #pragma unroll
             for (int i = 0; i < R; i += 4) {
                 *reinterpret_cast<float4 *>(&kv[i]) =
-                    *reinterpret_cast<const float4 *>(&ks[t][sl * R + i]);
+                    *reinterpret_cast<const float4 *>(&ks[buf][t][sl * R + i]);
                 *reinterpret_cast<float4 *>(&qv[i]) =
-                    *reinterpret_cast<const float4 *>(&qs[t][sl * R + i]);
+                    *reinterpret_cast<const float4 *>(&qs[buf][t][sl * R + i]);
             }
-            float kS = 0.f;
+            // two partial sums halve the dependent FMA chain
+            float kS0 = 0.f, kS1 = 0.f;
 #pragma unroll
-            for (int i = 0; i < R; i++) {
+            for (int i = 0; i < R; i += 2) {
                 st[i] *= g;
-                kS += st[i] * kv[i];
+                st[i + 1] *= g;
+                kS0 += st[i] * kv[i];
+                kS1 += st[i + 1] * kv[i + 1];
             }
+            float kS = kS0 + kS1;
             kS += __shfl_xor_sync(~0u, kS, 1);
             kS += __shfl_xor_sync(~0u, kS, 2);
             kS += __shfl_xor_sync(~0u, kS, 4);
-            const float delta = beta * (vs[t][jj] - kS);
-            float ov = 0.f;
+            const float delta = beta * (vs[buf][t][jj] - kS);
+            float ov0 = 0.f, ov1 = 0.f;
 #pragma unroll
-            for (int i = 0; i < R; i++) {
+            for (int i = 0; i < R; i += 2) {
                 st[i] += kv[i] * delta;
-                ov += st[i] * qv[i];
+                st[i + 1] += kv[i + 1] * delta;
+                ov0 += st[i] * qv[i];
+                ov1 += st[i + 1] * qv[i + 1];
             }
+            float ov = ov0 + ov1;
             ov += __shfl_xor_sync(~0u, ov, 1);
             ov += __shfl_xor_sync(~0u, ov, 2);
             ov += __shfl_xor_sync(~0u, ov, 4);
             if (sl == 0) o[(size_t)(c0 + t) * vh * dv + h * dv + j0 + jj] = ov;
         }
+        __syncthreads(); // buffer `buf` is refilled by the next iteration's stage
     }
 #pragma unroll
     for (int i = 0; i < R; i++) Sh[(size_t)(sl * R + i) * dv + j0 + jj] = st[i];
@@ -149,7 +181,8 @@ __global__ void gate_norm_kernel(const float *o, const bf16 *z, const float *w, 
     for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(~0u, ss, off);
     const float r = rsqrtf(ss / dv + eps);
     for (int i = lane; i < dv; i += 32)
-        y[base + i] = __float2bfloat16(o[base + i] * r * w[i] * silu(__bfloat162float(z[base + i])));
+        y[base + i] =
+            __float2bfloat16(o[base + i] * r * w[i] * silu(__bfloat162float(z[base + i])));
 }
 
 } // namespace
@@ -170,18 +203,27 @@ int pf_dn_prep(cudaStream_t s, const struct dn_dims *d, const float *qkv, float 
     return 0;
 }
 
-int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba,
-               float *S, float *o, struct wren_err *e) {
+int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba, float *S,
+               float *o, struct wren_err *e) {
     const int C = 2 * d->kh * d->dk + d->vh * d->dv;
     if (d->dv % SCAN_COLS != 0 || d->vh % d->kh != 0)
-        return wren_errf(e, "DeltaNet: value dim %d (must be a multiple of %d) or heads %d/%d "
-                            "not supported", d->dv, SCAN_COLS, d->vh, d->kh);
+        return wren_errf(e,
+                         "DeltaNet: value dim %d (must be a multiple of %d) or heads %d/%d "
+                         "not supported",
+                         d->dv, SCAN_COLS, d->vh, d->kh);
     dim3 grid(d->dv / SCAN_COLS, d->vh);
     switch (d->dk) {
-    case 32: scan_kernel<32><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv); break;
-    case 64: scan_kernel<64><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv); break;
-    case 128: scan_kernel<128><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv); break;
-    default: return wren_errf(e, "DeltaNet: key dim %d not supported (32, 64, 128)", d->dk);
+    case 32:
+        scan_kernel<32><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
+        break;
+    case 64:
+        scan_kernel<64><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
+        break;
+    case 128:
+        scan_kernel<128><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
+        break;
+    default:
+        return wren_errf(e, "DeltaNet: key dim %d not supported (32, 64, 128)", d->dk);
     }
     PF_LAUNCHED();
     return 0;

@@ -17,7 +17,9 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *g, bool pred)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
                  "r"(pred ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n");
+}
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
@@ -42,13 +44,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 // Element offset of chunk c of row r in a [rows][HD] tile; XOR swizzle within groups of 8 chunks.
-__device__ __forceinline__ int fswz(int r, int c) { return r * HD + ((c ^ (r & 7)) << 3); }
+__device__ __forceinline__ int fswz(int r, int c) {
+    return r * HD + ((c ^ (r & 7)) << 3);
+}
 
 // q/k RMSNorm + partial rotate-half RoPE; q -> qb [nh][T][hd] bf16, k/v -> caches.
 // Block per (token, head slot): slots [0, nh) q heads, [nh, nh + nkv) k heads, then v heads.
 __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float *k, const float *v,
-                                 const float *q_norm, const float *k_norm, bf16 *qb,
-                                 uint16_t *kc, uint16_t *vc) {
+                                 const float *q_norm, const float *k_norm, bf16 *qb, uint16_t *kc,
+                                 uint16_t *vc) {
     extern __shared__ float xs[];
     __shared__ float red[32];
     const int t = blockIdx.x, slot = blockIdx.y, hd = d.hd;
@@ -99,16 +103,17 @@ __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float 
     else if (slot < d.nh + d.nkv)
         dst = reinterpret_cast<bf16 *>(kc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh) * hd;
     else
-        dst = reinterpret_cast<bf16 *>(vc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh - d.nkv) * hd;
+        dst =
+            reinterpret_cast<bf16 *>(vc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh - d.nkv) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(xs[i]);
 }
 
-__global__ void __launch_bounds__(FA_THREADS) flash_kernel(const attn_dims d, const bf16 *qb,
-                                                          const bf16 *kc, const bf16 *vc,
-                                                          const float *qraw, bf16 *out) {
+__global__ void __launch_bounds__(FA_THREADS)
+    flash_kernel(const attn_dims d, const bf16 *qb, const bf16 *kc, const bf16 *vc,
+                 const float *qraw, bf16 *out) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smem_raw);
-    bf16 *Ks = Qs + BQ * HD;     // 2 stages
+    bf16 *Ks = Qs + BQ * HD;      // 2 stages
     bf16 *Vs = Ks + 2 * BKV * HD; // 2 stages
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // heavy (late) query tiles first
@@ -235,7 +240,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_kernel(const attn_dims d, co
         const int t = q0 + warp * 16 + (lane >> 2) + r * 8;
         if (t >= d.T) continue;
         const float inv = 1.f / l[r];
-        const float *g = d.gate ? qraw + (size_t)t * d.nh * HD * 2 + (size_t)h * HD * 2 + HD : nullptr;
+        const float *g =
+            d.gate ? qraw + (size_t)t * d.nh * HD * 2 + (size_t)h * HD * 2 + HD : nullptr;
         bf16 *dst = out + (size_t)t * d.nh * HD + (size_t)h * HD;
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++) {
@@ -264,15 +270,19 @@ int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, cons
     return 0;
 }
 
-int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint16_t *k_cache,
-                  const uint16_t *v_cache, const float *q, bf16 *out, struct wren_err *e) {
+int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
+                  const uint16_t *k_cache, const uint16_t *v_cache, const float *q, bf16 *out,
+                  struct wren_err *e) {
     if (d->hd != HD || d->nh % d->nkv)
-        return wren_errf(e, "attention: head dim %d / heads %d:%d not supported by the prefill "
-                            "kernel (head dim 256, whole GQA groups)", d->hd, d->nh, d->nkv);
+        return wren_errf(e,
+                         "attention: head dim %d / heads %d:%d not supported by the prefill "
+                         "kernel (head dim 256, whole GQA groups)",
+                         d->hd, d->nh, d->nkv);
     constexpr int smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
     static bool attr_set = false;
     if (!attr_set) {
-        PF_TRY(cudaFuncSetAttribute(flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        PF_TRY(
+            cudaFuncSetAttribute(flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
     dim3 grid((d->T + BQ - 1) / BQ, d->nh);

@@ -34,7 +34,9 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *g, bool pred)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
                  "r"(pred ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n");
+}
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
@@ -43,7 +45,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
 }
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -51,7 +54,9 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 }
 // Element offset of 16-byte chunk c of row r in a [rows][64] bf16 tile, XOR-swizzled so that
 // ldmatrix reads of 8 rows hit 8 different bank groups.
-__device__ __forceinline__ int swz(int r, int c) { return r * BK + ((c ^ (r & 7)) << 3); }
+__device__ __forceinline__ int swz(int r, int c) {
+    return r * BK + ((c ^ (r & 7)) << 3);
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -85,25 +90,29 @@ __device__ __forceinline__ void load_b(bfrag &f, const uint8_t *wrow, const uint
 }
 
 // Dequantizes a fragment into 4 swizzled 16-byte chunks of row v (chunks c0 .. c0+3).
-template <int BITS> __device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0) {
+template <int BITS>
+__device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0) {
     if (BITS == 16) {
 #pragma unroll
         for (int i = 0; i < 4; i++) *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = f.q[i];
     } else if (BITS == 4) {
-        // 128 + q as bf16 (exponent of 128, q in the low mantissa bits), then s * that + (b - 128 s).
-        const float bp = f.b - 128.f * f.s;
+        // 128 + q as bf16 pairs (exponent of 128, q in the low mantissa bits); minus 128 is exact,
+        // then one bf16x2 FMA (q * s + b, rounded once, like an f32 FMA rounded to bf16).
+        const __nv_bfloat162 s2 = __float2bfloat162_rn(f.s), b2 = __float2bfloat162_rn(f.b);
+        const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
         const uint32_t *w = reinterpret_cast<const uint32_t *>(&f.q[0]);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float val[8];
+            uint32_t r[4]; // r[j] = (w_j, w_{j+4}) of the 8 values in word i
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 uint32_t x = ((w[i] >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
-                val[j] = fmaf(f.s, __uint_as_float(x << 16), bp);
-                val[j + 4] = fmaf(f.s, __uint_as_float(x & 0xFFFF0000u), bp);
+                __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162 *>(&x);
+                hv = __hfma2(__hsub2(hv, m128), s2, b2);
+                r[j] = *reinterpret_cast<uint32_t *>(&hv);
             }
-            uint4 o = make_uint4(pack_bf16(val[0], val[1]), pack_bf16(val[2], val[3]),
-                                 pack_bf16(val[4], val[5]), pack_bf16(val[6], val[7]));
+            uint4 o = make_uint4(__byte_perm(r[0], r[1], 0x5410), __byte_perm(r[2], r[3], 0x5410),
+                                 __byte_perm(r[0], r[1], 0x7632), __byte_perm(r[2], r[3], 0x7632));
             *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = o;
         }
     } else {
@@ -121,18 +130,30 @@ template <int BITS> __device__ __forceinline__ void store_b(const bfrag &f, bf16
     }
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+__device__ __forceinline__ float silu(float x) {
+    return x / (1.f + __expf(-x));
+}
+
+// Warp grid: 2 x 4 warps of 32 x 32 / 64 x 32 for BM = 64 / 128 (two blocks per SM); 4 x 2 warps
+// of 64 x 64 for BM = 256 (one block per SM, half the dequantization per MMA).
+template <int BM> struct tile_cfg {
+    static constexpr int WARPS_M = BM == 256 ? 4 : 2, WARPS_N = 8 / WARPS_M;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MT = WM / 16, NT = WN / 8;
+    static constexpr int MIN_BLOCKS = BM == 256 ? 1 : 2;
+};
 
 template <int BITS, int BM, int EPI>
-__global__ void __launch_bounds__(NTHREADS, 2) gemm_q_kernel(const gparams p) {
-    constexpr int WM = BM / 2, MT = WM / 16, NT = 4;
+__global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
+    gemm_q_kernel(const gparams p) {
+    constexpr int WM = tile_cfg<BM>::WM, WN = tile_cfg<BM>::WN, MT = tile_cfg<BM>::MT,
+                  NT = tile_cfg<BM>::NT;
     constexpr int A_CHUNKS = BM * 8 / NTHREADS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
     bf16 *Bs = As + ASTAGES * BM * BK;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp >> 2, wn = warp & 3;
+    const int wm = warp / tile_cfg<BM>::WARPS_N, wn = warp % tile_cfg<BM>::WARPS_N;
 
     int expert = 0, row0, row_end;
     if (p.tiles) {
@@ -152,7 +173,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) gemm_q_kernel(const gparams p) {
     for (int i = 0; i < A_CHUNKS; i++) {
         int idx = tid + i * NTHREADS, r = row0 + (idx >> 3);
         a_ok[i] = r < row_end;
-        int src = a_ok[i] ? (p.a_rows ? p.a_rows[r] : r) : row0;
+        int src = a_ok[i] ? (p.a_rows ? p.a_rows[r] : r) : 0; // row 0: never read (size 0)
         a_src[i] = p.A + (size_t)src * p.lda + (idx & 7) * 8;
     }
 
@@ -206,7 +227,8 @@ __global__ void __launch_bounds__(NTHREADS, 2) gemm_q_kernel(const gparams p) {
         load_a(kt + ASTAGES - 1);
         if (kt + 1 < KT) {
             store_b<BITS>(f, Bs + ((kt + 1) & 1) * BN * BK, v, half * 4);
-            if (kt + 2 < KT) load_b<BITS>(f, wrow, srow, brow, group, (kt + 2) * BK + half * 32, b_ok);
+            if (kt + 2 < KT)
+                load_b<BITS>(f, wrow, srow, brow, group, (kt + 2) * BK + half * 32, b_ok);
         }
         const bf16 *a_t = As + (kt % ASTAGES) * BM * BK;
         const bf16 *b_t = Bs + (kt & 1) * BN * BK;
@@ -220,7 +242,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) gemm_q_kernel(const gparams p) {
             }
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
-                int r = wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                int r = wn * WN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
                 uint32_t t4[4];
                 ldmatrix_x4(t4, b_t + swz(r, ks * 2 + ((lane >> 3) & 1)));
                 b[2 * np][0] = t4[0];
@@ -246,18 +268,19 @@ __global__ void __launch_bounds__(NTHREADS, 2) gemm_q_kernel(const gparams p) {
                 bf16 *crow = static_cast<bf16 *>(p.C) + (size_t)r * p.ldc;
 #pragma unroll
                 for (int j = 0; j < NT / 2; j++) {
-                    const int c = blockIdx.y * 64 + wn * 16 + j * 8 + (lane & 3) * 2;
+                    const int c = blockIdx.y * 64 + wn * (WN / 2) + j * 8 + (lane & 3) * 2;
                     float h0 = silu(acc[mt][2 * j][hr * 2]) * acc[mt][2 * j + 1][hr * 2];
                     float h1 = silu(acc[mt][2 * j][hr * 2 + 1]) * acc[mt][2 * j + 1][hr * 2 + 1];
                     if (c + 1 < p.N)
-                        *reinterpret_cast<__nv_bfloat162 *>(crow + c) = __floats2bfloat162_rn(h0, h1);
+                        *reinterpret_cast<__nv_bfloat162 *>(crow + c) =
+                            __floats2bfloat162_rn(h0, h1);
                     else if (c < p.N)
                         crow[c] = __float2bfloat16(h0);
                 }
             } else {
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    const int c = blockIdx.y * BN + wn * 32 + nt * 8 + (lane & 3) * 2;
+                    const int c = blockIdx.y * BN + wn * WN + nt * 8 + (lane & 3) * 2;
                     const float v0 = acc[mt][nt][hr * 2], v1 = acc[mt][nt][hr * 2 + 1];
                     if (EPI == EPI_BF16) {
                         bf16 *crow = static_cast<bf16 *>(p.C) + (size_t)r * p.ldc;
@@ -286,8 +309,10 @@ __global__ void __launch_bounds__(NTHREADS, 2) gemm_q_kernel(const gparams p) {
 __device__ float w_at(const wview &w, enum wtype type, int bits, int e, int n, int k) {
     const uint8_t *row = w.data + e * w.ms + n * w.rs;
     switch (type) {
-    case WT_F32: return reinterpret_cast<const float *>(row)[k];
-    case WT_BF16: return __bfloat162float(reinterpret_cast<const bf16 *>(row)[k]);
+    case WT_F32:
+        return reinterpret_cast<const float *>(row)[k];
+    case WT_BF16:
+        return __bfloat162float(reinterpret_cast<const bf16 *>(row)[k]);
     default: {
         int per = 32 / bits;
         uint32_t word = reinterpret_cast<const uint32_t *>(row)[k / per];
@@ -367,23 +392,54 @@ int launch_fast(cudaStream_t s, const gparams &p, dim3 grid, struct wren_err *e)
 template <int BITS, int BM>
 int launch_epi(cudaStream_t s, const gparams &p, dim3 grid, enum gemm_epi epi, struct wren_err *e) {
     switch (epi) {
-    case EPI_F32: return launch_fast<BITS, BM, EPI_F32>(s, p, grid, e);
-    case EPI_BF16: return launch_fast<BITS, BM, EPI_BF16>(s, p, grid, e);
-    case EPI_ADD_F32: return launch_fast<BITS, BM, EPI_ADD_F32>(s, p, grid, e);
-    default: return launch_fast<BITS, BM, EPI_SWIGLU_BF16>(s, p, grid, e);
+    case EPI_F32:
+        return launch_fast<BITS, BM, EPI_F32>(s, p, grid, e);
+    case EPI_BF16:
+        return launch_fast<BITS, BM, EPI_BF16>(s, p, grid, e);
+    case EPI_ADD_F32:
+        return launch_fast<BITS, BM, EPI_ADD_F32>(s, p, grid, e);
+    default:
+        return launch_fast<BITS, BM, EPI_SWIGLU_BF16>(s, p, grid, e);
     }
 }
 
 template <int BITS>
 int launch_bm(cudaStream_t s, const gparams &p, dim3 grid, int bm, enum gemm_epi epi,
               struct wren_err *e) {
-    return bm == 64 ? launch_epi<BITS, 64>(s, p, grid, epi, e)
-                    : launch_epi<BITS, 128>(s, p, grid, epi, e);
+    if (bm == 64) return launch_epi<BITS, 64>(s, p, grid, epi, e);
+    if (bm == 256) return launch_epi<BITS, 256>(s, p, grid, epi, e);
+    return launch_epi<BITS, 128>(s, p, grid, epi, e);
+}
+
+int g_force_bm = 0;
+
+// Tile height of a dense GEMM: 256 when that still gives two waves of blocks, else 128 (64 for
+// a few rows).
+int dense_bm(int M, int N) {
+    if (g_force_bm) return g_force_bm;
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 100;
+    }
+    const int nb = (N + BN - 1) / BN;
+    if (M >= 512 && (M + 255) / 256 * nb >= 2 * sms) return 256;
+    return M <= 64 ? 64 : 128;
 }
 
 } // namespace
 
-int pf_gemm_group_bm(int avg_rows) { return avg_rows < 96 ? 64 : 128; }
+void pf_gemm_force_bm(int bm) {
+    g_force_bm = bm;
+}
+
+// Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert.
+int pf_gemm_group_bm(int avg_rows) {
+    if (g_force_bm) return g_force_bm;
+    return avg_rows < 48 ? 64 : avg_rows >= 512 ? 256 : 128;
+}
 
 int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
             const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
@@ -406,14 +462,14 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
     p.ldc = ldc;
     p.tiles = grp ? grp->tiles : nullptr;
     p.n_tiles = grp ? grp->n_tiles : nullptr;
-    const int bm = grp ? grp->bm : (M <= 64 ? 64 : 128);
+    const int bm = grp ? grp->bm : dense_bm(M, W->rows);
     const int n_mtiles = grp ? grp->max_tiles : (M + bm - 1) / bm;
     if (n_mtiles <= 0) return 0;
 
     const bool quant = W->type == WT_Q4 || W->type == WT_Q8;
     const int bits = W->type == WT_Q4 ? 4 : W->type == WT_Q8 ? 8 : 16;
-    bool fast = (quant || W->type == WT_BF16) && p.K % BK == 0 && (bm == 64 || bm == 128) &&
-                lda % 8 == 0 && ((uintptr_t)A % 16) == 0 &&
+    bool fast = (quant || W->type == WT_BF16) && p.K % BK == 0 &&
+                (bm == 64 || bm == 128 || bm == 256) && lda % 8 == 0 && ((uintptr_t)A % 16) == 0 &&
                 aligned16(W->data, W->row_stride) && (W->n <= 1 || W->mat_stride % 16 == 0) &&
                 (!Wup || aligned16(Wup->data, Wup->row_stride)) && ldc % 2 == 0;
     if (quant) fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0;

@@ -1,7 +1,7 @@
 // MoE routing of a prefill chunk, entirely on the GPU and in stream order (no host sync):
 // softmax + top-k per token, per-expert histogram, prefix scan to row offsets and to the grouped
-// GEMM's tile map, scatter of (token, choice) pairs into expert-sorted rows; after the expert GEMMs,
-// a weighted gather back into the residual stream together with the gated shared expert.
+// GEMM's tile map, scatter of (token, choice) pairs into expert-sorted rows; after the expert
+// GEMMs, a weighted gather back into the residual stream together with the gated shared expert.
 #include "backend/cuda/prefill.cuh"
 
 namespace {
@@ -56,8 +56,8 @@ __global__ void topk_kernel(const float *logits, int T, int E, int k, bool norm,
 }
 
 // Exclusive scans of counts (row offsets) and of tiles per expert (tile offsets); writes the map.
-__global__ void scan_kernel(const int *counts, int E, int bm, int *offsets, int *cursor,
-                            int *tiles, int *n_tiles) {
+__global__ void scan_kernel(const int *counts, int E, int bm, int *offsets, int *cursor, int *tiles,
+                            int *n_tiles) {
     __shared__ int s_rows[SCAN_THREADS], s_tiles[SCAN_THREADS];
     const int t = threadIdx.x;
     int c = t < E ? counts[t] : 0, nt = (c + bm - 1) / bm;
@@ -97,14 +97,13 @@ __global__ void scatter_kernel(const int *topk_id, int Tk, int k, const int *off
     slot[i] = r;
 }
 
-__global__ void combine_kernel(float *x, const float *y, const int *slot, const float *topk_w, int k,
-                               int H, const float *sh, const float *sh_gate) {
+__global__ void combine_kernel(float *x, const float *y, const int *slot, const float *topk_w,
+                               int k, int H, const float *sh, const float *sh_gate) {
     const int t = blockIdx.x;
     const float g = !sh ? 0.f : sh_gate ? 1.f / (1.f + __expf(-sh_gate[t * 2])) : 1.f;
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
         float acc = 0.f;
-        for (int j = 0; j < k; j++)
-            acc += topk_w[t * k + j] * y[(size_t)slot[t * k + j] * H + h];
+        for (int j = 0; j < k; j++) acc += topk_w[t * k + j] * y[(size_t)slot[t * k + j] * H + h];
         if (sh) acc += g * sh[(size_t)t * H + h];
         x[(size_t)t * H + h] += acc;
     }
@@ -112,7 +111,9 @@ __global__ void combine_kernel(float *x, const float *y, const int *slot, const 
 
 } // namespace
 
-int pf_moe_max_tiles(int T, int E, int k, int bm) { return (T * k + bm - 1) / bm + E; }
+int pf_moe_max_tiles(int T, int E, int k, int bm) {
+    return (T * k + bm - 1) / bm + E;
+}
 
 int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool norm_topk, int bm,
                  const struct moe_route_buf *b, struct wren_err *e) {
@@ -122,10 +123,10 @@ int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool 
         return wren_errf(e, "MoE routing: tile map too small");
     PF_TRY(cudaMemsetAsync(b->counts, 0, sizeof(int) * E, s));
     topk_kernel<<<(T * 32 + 255) / 256, 256, 0, s>>>(logits, T, E, k, norm_topk, b->topk_id,
-                                                      b->topk_w, b->counts);
+                                                     b->topk_w, b->counts);
     PF_LAUNCHED();
     scan_kernel<<<1, SCAN_THREADS, 0, s>>>(b->counts, E, bm, b->offsets, b->cursor, b->tiles,
-                                          b->n_tiles);
+                                           b->n_tiles);
     PF_LAUNCHED();
     scatter_kernel<<<(T * k + 255) / 256, 256, 0, s>>>(b->topk_id, T * k, k, b->offsets, b->cursor,
                                                        b->sorted_tok, b->slot);

@@ -45,11 +45,16 @@ struct prefill_ws {
 namespace {
 
 void ws_free(struct prefill_ws *w) {
-    void *bufs[] = {w->tokens, w->x,  w->xn,  w->qkv, w->qkvc, w->ba, w->o, w->z,  w->y,
-                    w->q,      w->k,  w->v,   w->qb,  w->ao,   w->rl, w->ye, w->sh, w->shg,
-                    w->h,      w->shh, w->lg, w->rb.topk_id, w->rb.topk_w, w->rb.counts,
-                    w->rb.offsets, w->rb.cursor, w->rb.sorted_tok, w->rb.slot, w->rb.tiles,
-                    w->rb.n_tiles};
+    void *bufs[] = {w->tokens,     w->x,         w->xn,
+                    w->qkv,        w->qkvc,      w->ba,
+                    w->o,          w->z,         w->y,
+                    w->q,          w->k,         w->v,
+                    w->qb,         w->ao,        w->rl,
+                    w->ye,         w->sh,        w->shg,
+                    w->h,          w->shh,       w->lg,
+                    w->rb.topk_id, w->rb.topk_w, w->rb.counts,
+                    w->rb.offsets, w->rb.cursor, w->rb.sorted_tok,
+                    w->rb.slot,    w->rb.tiles,  w->rb.n_tiles};
     for (void *b : bufs)
         if (b) cudaFree(b);
     memset(w, 0, offsetof(struct prefill_ws, prof)); // the profile fields survive a regrow
@@ -58,8 +63,9 @@ void ws_free(struct prefill_ws *w) {
 template <class T> int alloc(T **p, size_t n, struct wren_err *e) {
     cudaError_t rc = cudaMalloc((void **)p, n * sizeof(T) + 256);
     if (rc != cudaSuccess)
-        return wren_errf(e, "prefill workspace: cannot allocate %zu MiB on the GPU (%s); use a "
-                            "smaller prefill chunk",
+        return wren_errf(e,
+                         "prefill workspace: cannot allocate %zu MiB on the GPU (%s); use a "
+                         "smaller prefill chunk",
                          (n * sizeof(T)) >> 20, cudaGetErrorString(rc));
     return 0;
 }
@@ -76,9 +82,10 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
     w->bm = pf_gemm_group_bm((int)(T * K / E));
     w->rb.max_tiles = pf_moe_max_tiles(T, (int)E, (int)K, w->bm);
     if (alloc(&w->tokens, T, e) || alloc(&w->x, T * H, e) || alloc(&w->xn, T * H, e) ||
-        alloc(&w->qkv, T * C, e) || alloc(&w->qkvc, T * C, e) || alloc(&w->ba, T * 2 * c->dn_v_heads, e) ||
-        alloc(&w->o, T * V, e) || alloc(&w->z, T * V, e) || alloc(&w->y, T * V, e) ||
-        alloc(&w->q, T * qd, e) || alloc(&w->k, T * kvd, e) || alloc(&w->v, T * kvd, e) ||
+        alloc(&w->qkv, T * C, e) || alloc(&w->qkvc, T * C, e) ||
+        alloc(&w->ba, T * 2 * c->dn_v_heads, e) || alloc(&w->o, T * V, e) ||
+        alloc(&w->z, T * V, e) || alloc(&w->y, T * V, e) || alloc(&w->q, T * qd, e) ||
+        alloc(&w->k, T * kvd, e) || alloc(&w->v, T * kvd, e) ||
         alloc(&w->qb, T * (size_t)c->n_heads * c->head_dim, e) ||
         alloc(&w->ao, T * (size_t)c->n_heads * c->head_dim, e) || alloc(&w->rl, T * E, e) ||
         alloc(&w->ye, T * K * H, e) || alloc(&w->sh, T * H, e) || alloc(&w->shg, T * 2, e) ||
@@ -139,9 +146,8 @@ int run_attention(runner &r, const struct dlayer *L, uint16_t *kc, uint16_t *vc,
         pf_gemm(s, w->xn, c->hidden, T, &L->k_proj, nullptr, w->k, kvd, EPI_F32, nullptr, e) ||
         pf_gemm(s, w->xn, c->hidden, T, &L->v_proj, nullptr, w->v, kvd, EPI_F32, nullptr, e))
         return -1;
-    struct attn_dims d = {T,           pos,          c->n_heads,  c->n_kv_heads,
-                          c->head_dim, c->rope_dim,  c->rope_theta, c->rms_eps,
-                          c->attn_output_gate};
+    struct attn_dims d = {T,           pos,           c->n_heads, c->n_kv_heads,      c->head_dim,
+                          c->rope_dim, c->rope_theta, c->rms_eps, c->attn_output_gate};
     r.phase(PF_ATTN);
     if (pf_attn_prep(s, &d, w->q, w->k, w->v, L->q_norm, L->k_norm, w->qb, kc, vc, e) ||
         pf_flash_attn(s, &d, w->qb, kc, vc, w->q, w->ao, e))
@@ -195,8 +201,8 @@ int run_mlp(runner &r, const struct dlayer *L, int T) {
 // lm_head over rows [r0, r0 + n) of xn into dst (device, [n][vocab]).
 int run_logits(runner &r, int r0, int n, float *dst) {
     const struct model_config *c = r.cx->cfg;
-    return pf_gemm(r.cx->stream, r.w->xn + (size_t)r0 * c->hidden, c->hidden, n,
-                   &r.cx->dm.lm_head, nullptr, dst, c->vocab, EPI_F32, nullptr, r.e);
+    return pf_gemm(r.cx->stream, r.w->xn + (size_t)r0 * c->hidden, c->hidden, n, &r.cx->dm.lm_head,
+                   nullptr, dst, c->vocab, EPI_F32, nullptr, r.e);
 }
 
 } // namespace
@@ -254,8 +260,8 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
                                    sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
         }
     } else if (logits) {
-        PF_TRY(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab,
-                               cudaMemcpyDeviceToHost, s));
+        PF_TRY(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab, cudaMemcpyDeviceToHost,
+                               s));
     }
     r.phase(PF_OTHER);
     if (logits || w->prof) PF_TRY(cudaStreamSynchronize(s));
@@ -279,7 +285,8 @@ void cuda_prefill_free(struct cuda_ctx *cx) {
     cx->prefill = nullptr;
 }
 
-int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS], struct wren_err *e) {
+int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
+                         struct wren_err *e) {
     if (!cx->prefill) cx->prefill = (struct prefill_ws *)xcalloc(1, sizeof(struct prefill_ws));
     struct prefill_ws *w = cx->prefill;
     if (kind_ms) {
@@ -294,6 +301,6 @@ int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
     return 0;
 }
 
-const char *const pf_kind_name[PF_KINDS] = {"dense GEMM",  "MoE routing", "expert GEMMs",
-                                             "DeltaNet other", "DeltaNet scan", "attention",
-                                             "lm_head",     "norms/embed/combine"};
+const char *const pf_kind_name[PF_KINDS] = {"dense GEMM",     "MoE routing",        "expert GEMMs",
+                                            "DeltaNet other", "DeltaNet scan",      "attention",
+                                            "lm_head",        "norms/embed/combine"};

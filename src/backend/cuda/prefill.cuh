@@ -23,7 +23,8 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
-// ---- fused-dequant GEMM (gemm_q.cu): C[M, N] = A[M, K] (bf16) * W[N, K]^T ------------------------
+// ---- fused-dequant GEMM (gemm_q.cu): C[M, N] = A[M, K] (bf16) * W[N, K]^T
+// ------------------------
 enum gemm_epi {
     EPI_F32,         // C f32
     EPI_BF16,        // C bf16
@@ -49,6 +50,8 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
             const struct gemm_group *grp, struct wren_err *e);
 // The tile height the grouped GEMM uses for an average of `avg_rows` rows per expert.
 int pf_gemm_group_bm(int avg_rows);
+// Test and benchmark hook: forces the tile height (64, 128, 256) of every GEMM; 0 = automatic.
+void pf_gemm_force_bm(int bm);
 
 // ---- MoE routing (moe_route.cu) -----------------------------------------------------------------
 // From router logits [T, E] f32: top-k (softmax, renormalised when norm_topk) ids/weights [T*k],
@@ -90,8 +93,8 @@ int pf_dn_prep(cudaStream_t s, const struct dn_dims *d, const float *qkv, float 
                const float *conv_w, float *qkvc, float *ba, const float *A_log,
                const float *dt_bias, struct wren_err *e);
 // The recurrence over the chunk (state S [vh][dk][dv] f32 in place), o [T, vh*dv] f32.
-int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba,
-               float *S, float *o, struct wren_err *e);
+int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba, float *S,
+               float *o, struct wren_err *e);
 // y (bf16) = rmsnorm(o per head, w) * silu(z), z [T, vh*dv] bf16
 int pf_dn_gate_norm(cudaStream_t s, const struct dn_dims *d, const float *o, const bf16 *z,
                     const float *w, float eps, bf16 *y, struct wren_err *e);
@@ -109,5 +112,6 @@ int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, cons
                  uint16_t *k_cache, uint16_t *v_cache, struct wren_err *e);
 // Causal attention of the chunk's queries over cache rows [0, pos+T); out bf16 [T, nh*hd],
 // multiplied by sigmoid(gate) (read from q) when d->gate.
-int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint16_t *k_cache,
-                  const uint16_t *v_cache, const float *q, bf16 *out, struct wren_err *e);
+int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
+                  const uint16_t *k_cache, const uint16_t *v_cache, const float *q, bf16 *out,
+                  struct wren_err *e);

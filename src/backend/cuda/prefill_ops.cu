@@ -18,9 +18,12 @@ __global__ void embed_kernel(const struct dmat emb, const int32_t *tokens, float
             const int per = 32 / emb.bits;
             uint32_t word = reinterpret_cast<const uint32_t *>(row)[k / per];
             uint32_t q = (word >> (emb.bits * (k % per))) & ((1u << emb.bits) - 1);
-            const bf16 *sc = reinterpret_cast<const bf16 *>(emb.scales + (size_t)id * emb.sb_row_stride);
-            const bf16 *bi = reinterpret_cast<const bf16 *>(emb.biases + (size_t)id * emb.sb_row_stride);
-            v = __bfloat162float(sc[k / emb.group]) * (float)q + __bfloat162float(bi[k / emb.group]);
+            const bf16 *sc =
+                reinterpret_cast<const bf16 *>(emb.scales + (size_t)id * emb.sb_row_stride);
+            const bf16 *bi =
+                reinterpret_cast<const bf16 *>(emb.biases + (size_t)id * emb.sb_row_stride);
+            v = __bfloat162float(sc[k / emb.group]) * (float)q +
+                __bfloat162float(bi[k / emb.group]);
         }
         x[(size_t)t * H + k] = v;
     }
