@@ -84,6 +84,8 @@ template <int DK>
 __global__ void __launch_bounds__(SCAN_THREADS)
     scan_kernel(const float *qkvc, const float *ba, float *S, float *o, int T, int C, int kh,
                 int vh, int dv) {
+    // Thread sl of a column owns rows (ii*8 + sl)*4 + e (ii < DK/32, e < 4): the 8 lanes of a
+    // column then read 8 consecutive float4 of k and q, free of shared-memory bank conflicts.
     constexpr int R = DK / 8; // rows of S per thread
     __shared__ __align__(16) float qs[2][CT][DK], ks[2][CT][DK];
     __shared__ __align__(16) float vs[2][CT][SCAN_COLS];
@@ -113,9 +115,10 @@ __global__ void __launch_bounds__(SCAN_THREADS)
         asm volatile("cp.async.commit_group;\n");
     };
 
+    auto row_of = [&](int i) { return ((i >> 2) * 8 + sl) * 4 + (i & 3); };
     float st[R];
 #pragma unroll
-    for (int i = 0; i < R; i++) st[i] = Sh[(size_t)(sl * R + i) * dv + j0 + jj];
+    for (int i = 0; i < R; i++) st[i] = Sh[(size_t)row_of(i) * dv + j0 + jj];
 
     stage(0, 0);
     for (int c0 = 0, buf = 0; c0 < T; c0 += CT, buf ^= 1) {
@@ -132,9 +135,9 @@ __global__ void __launch_bounds__(SCAN_THREADS)
 #pragma unroll
             for (int i = 0; i < R; i += 4) {
                 *reinterpret_cast<float4 *>(&kv[i]) =
-                    *reinterpret_cast<const float4 *>(&ks[buf][t][sl * R + i]);
+                    *reinterpret_cast<const float4 *>(&ks[buf][t][row_of(i)]);
                 *reinterpret_cast<float4 *>(&qv[i]) =
-                    *reinterpret_cast<const float4 *>(&qs[buf][t][sl * R + i]);
+                    *reinterpret_cast<const float4 *>(&qs[buf][t][row_of(i)]);
             }
             // two partial sums halve the dependent FMA chain
             float kS0 = 0.f, kS1 = 0.f;
@@ -167,7 +170,7 @@ __global__ void __launch_bounds__(SCAN_THREADS)
         __syncthreads(); // buffer `buf` is refilled by the next iteration's stage
     }
 #pragma unroll
-    for (int i = 0; i < R; i++) Sh[(size_t)(sl * R + i) * dv + j0 + jj] = st[i];
+    for (int i = 0; i < R; i++) Sh[(size_t)row_of(i) * dv + j0 + jj] = st[i];
 }
 
 // Warp per (token, value head): y = rmsnorm(o) * w * silu(z), in f32, stored bf16.

@@ -1,5 +1,5 @@
 // Causal flash attention for a prefill chunk on tensor cores (mma.sync m16n8k16 bf16), head_dim
-// 256, GQA: a block takes 64 queries of one head (4 warps x 16 rows) and streams the KV cache rows
+// 256, GQA: a block takes 128 (or 64) queries of one head (8 or 4 warps x 16 rows) and streams the KV cache rows
 // [0, pos + last query] in tiles of 64 keys (cp.async, double-buffered), with the online softmax
 // in registers. The chunk's own K/V are written into the cache first (attn_prep), so earlier
 // chunks and this one are read the same way. The output gate sigmoid is applied in the epilogue.
@@ -7,7 +7,7 @@
 
 namespace {
 
-constexpr int HD = 256, BQ = 64, BKV = 64, FA_THREADS = 128;
+constexpr int HD = 256, BKV = 64;
 constexpr int CH = HD / 8; // 16-byte chunks per row
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
@@ -108,9 +108,13 @@ __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float 
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(xs[i]);
 }
 
-__global__ void __launch_bounds__(FA_THREADS)
+// NW warps of 16 queries each: 8 (128 queries) amortise each K/V tile over twice the queries and
+// keep two warps per scheduler; 4 for short chunks.
+template <int NW>
+__global__ void __launch_bounds__(NW * 32)
     flash_kernel(const attn_dims d, const bf16 *qb, const bf16 *kc, const bf16 *vc,
                  const float *qraw, bf16 *out) {
+    constexpr int BQ = NW * 16, FA_THREADS = NW * 32;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smem_raw);
     bf16 *Ks = Qs + BQ * HD;      // 2 stages
@@ -256,6 +260,23 @@ __global__ void __launch_bounds__(FA_THREADS)
     }
 }
 
+template <int NW>
+int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint16_t *k_cache,
+           const uint16_t *v_cache, const float *q, bf16 *out, struct wren_err *e) {
+    constexpr int BQ = NW * 16, smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
+    static bool attr_set = false;
+    if (!attr_set) {
+        PF_TRY(cudaFuncSetAttribute(flash_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem));
+        attr_set = true;
+    }
+    dim3 grid((d->T + BQ - 1) / BQ, d->nh);
+    flash_kernel<NW><<<grid, NW * 32, smem, s>>>(*d, qb, reinterpret_cast<const bf16 *>(k_cache),
+                                                 reinterpret_cast<const bf16 *>(v_cache), q, out);
+    PF_LAUNCHED();
+    return 0;
+}
+
 } // namespace
 
 int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
@@ -278,16 +299,6 @@ int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
                          "attention: head dim %d / heads %d:%d not supported by the prefill "
                          "kernel (head dim 256, whole GQA groups)",
                          d->hd, d->nh, d->nkv);
-    constexpr int smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
-    static bool attr_set = false;
-    if (!attr_set) {
-        PF_TRY(
-            cudaFuncSetAttribute(flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        attr_set = true;
-    }
-    dim3 grid((d->T + BQ - 1) / BQ, d->nh);
-    flash_kernel<<<grid, FA_THREADS, smem, s>>>(*d, qb, reinterpret_cast<const bf16 *>(k_cache),
-                                                reinterpret_cast<const bf16 *>(v_cache), q, out);
-    PF_LAUNCHED();
-    return 0;
+    return d->T > 64 ? launch<8>(s, d, qb, k_cache, v_cache, q, out, e)
+                     : launch<4>(s, d, qb, k_cache, v_cache, q, out, e);
 }
