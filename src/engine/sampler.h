@@ -12,8 +12,8 @@ struct sampler_params {
     float frequency_penalty;  // OpenAI semantics, over generated tokens; 0: off
     float repetition_penalty; // HF semantics, over prompt + generated tokens; 1: off
     uint64_t seed;
-    int n_vocab;     // ids >= n_vocab are never sampled (the embedding is padded past the tokenizer)
-    int n_logprobs;  // < 0: no logprobs; else report the sampled logprob and this many top ones
+    int n_vocab;    // ids >= n_vocab are never sampled (the embedding is padded past the tokenizer)
+    int n_logprobs; // < 0: no logprobs; else report the sampled logprob and this many top ones
 };
 
 #define WREN_MAX_TOP_LOGPROBS 20

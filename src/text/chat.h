@@ -30,9 +30,9 @@ struct chat_event {
     enum chat_event_kind kind;
     const char *text; // REASONING/CONTENT: the new text (len bytes)
     size_t len;
-    int tool_index;          // TOOL_CALL: index of the call in this reply
-    const char *tool_name;   // TOOL_CALL: function name
-    const char *arguments;   // TOOL_CALL: complete JSON arguments object
+    int tool_index;        // TOOL_CALL: index of the call in this reply
+    const char *tool_name; // TOOL_CALL: function name
+    const char *arguments; // TOOL_CALL: complete JSON arguments object
 };
 typedef void (*chat_event_cb)(void *ud, const struct chat_event *ev);
 

@@ -1,0 +1,128 @@
+// Shared helpers of the CUDA backend (decode and prefill): error checking that never exits,
+// bf16 conversions, and the MLX affine dequantization used inside the weight-streaming kernels.
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "model/weights.h"
+#include "util/err.h"
+}
+
+// Turns a failing CUDA call into a wren_err and returns -1 from the enclosing function.
+// `e` must be a struct wren_err * in scope.
+#define CUDA_CHECK(call)                                                                        \
+    do {                                                                                        \
+        cudaError_t cuda_check_rc_ = (call);                                                    \
+        if (cuda_check_rc_ != cudaSuccess)                                                      \
+            return wren_errf(e, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(cuda_check_rc_), \
+                             __FILE__, __LINE__, #call);                                        \
+    } while (0)
+
+// After a kernel launch: reports launch-configuration errors (not asynchronous faults).
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+static __host__ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float((uint32_t)h << 16);
+#else
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.f + __expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// Weight chunks: every quantized/bf16 row is streamed in 16-byte chunks. A chunk holds EPC
+// elements and never straddles a quantization group (groups are >= 32 elements).
+template <int BITS> struct wfmt {
+    static constexpr int EPC = 128 / BITS; // elements per 16-byte chunk (BITS 16 = bf16)
+};
+
+// Activations are kept in shared memory as f32 with 4 floats of padding after every 32, so that
+// lanes reading consecutive chunks hit distinct banks (see NOTES.md).
+static __host__ __device__ __forceinline__ int xpad(int i) { return i + ((i >> 5) << 2); }
+static __host__ __device__ __forceinline__ int xpad_len(int n) { return n + ((n + 31) >> 5) * 4; }
+
+// Exact small-integer to float conversion without I2F: 2^23 + q as a float bit pattern, minus 2^23.
+static __device__ __forceinline__ float u8f(uint32_t q) { return __uint_as_float(0x4B000000u | q) - 8388608.f; }
+
+// acc[i] += s_i * sum_j x_j q_ij + b_i * sum_j x_j over one 16-byte chunk of R rows.
+// xs points at the chunk's first activation in padded shared memory (EPC contiguous floats).
+template <int BITS, int R>
+static __device__ __forceinline__ void dot_chunk(const uint4 (&w)[R], const float (&s)[R],
+                                                 const float (&b)[R], const float *xs, float (&acc)[R]) {
+    if constexpr (BITS == 4) {
+        float xsum = 0.f, d[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) d[i] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float4 xa = *reinterpret_cast<const float4 *>(xs + 8 * k);
+            float4 xb = *reinterpret_cast<const float4 *>(xs + 8 * k + 4);
+            float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) xsum += xv[j];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                uint32_t word = k == 0 ? w[i].x : k == 1 ? w[i].y : k == 2 ? w[i].z : w[i].w;
+#pragma unroll
+                for (int j = 0; j < 8; j++) d[i] = fmaf(xv[j], u8f((word >> (4 * j)) & 0xFu), d[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] += s[i] * d[i] + b[i] * xsum;
+    } else if constexpr (BITS == 8) {
+        float xsum = 0.f, d[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) d[i] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float4 xa = *reinterpret_cast<const float4 *>(xs + 4 * k);
+            float xv[4] = {xa.x, xa.y, xa.z, xa.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) xsum += xv[j];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                uint32_t word = k == 0 ? w[i].x : k == 1 ? w[i].y : k == 2 ? w[i].z : w[i].w;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    d[i] = fmaf(xv[j], __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540 + j)) - 8388608.f, d[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[i] += s[i] * d[i] + b[i] * xsum;
+    } else { // bf16: 8 elements, no scale/bias
+        float4 xa = *reinterpret_cast<const float4 *>(xs);
+        float4 xb = *reinterpret_cast<const float4 *>(xs + 4);
+        float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            uint32_t wd[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+            float d = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                d = fmaf(xv[2 * k], __uint_as_float(wd[k] << 16), d);
+                d = fmaf(xv[2 * k + 1], __uint_as_float(wd[k] & 0xFFFF0000u), d);
+            }
+            acc[i] += d;
+        }
+        (void)s;
+        (void)b;
+    }
+}
+
+// Bits of a device matrix as used by the templates: 4, 8, or 16 for bf16.
+static __host__ __device__ __forceinline__ int dmat_bits(enum wtype t, int bits) {
+    return t == WT_BF16 ? 16 : bits;
+}

@@ -1,0 +1,152 @@
+// The batch-1 decode kernels: parameter blocks and host launchers (each enqueues on a stream,
+// checks the launch, never synchronizes). Used by the decode step and by tests/cuda/check_decode_*.
+#pragma once
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_model.h"
+
+// ---- GEMV over one activation row, several matrices per launch --------------------------------
+#define GEMV_MAXSEG 12
+
+enum gemv_epi {
+    EPI_STORE,  // out[r] = y
+    EPI_ADD,    // out[r] += y (residual stream)
+    EPI_CONV,   // out[r] = silu(causal conv over the channel's last inputs and y); state shifted
+    EPI_SWIGLU, // out[r] = scale * silu(y_a) * y_b (a = gate rows, b = up rows of the same expert)
+};
+
+struct gemv_seg {
+    struct dmat a, b;       // b: up matrix for EPI_SWIGLU only
+    int mat;                // matrix of the stack (idx == NULL)
+    const int *idx;         // device: matrix = idx[slot] (routed experts)
+    int slot;
+    int rows;
+    int epi;
+    float *out;
+    const float *scale;     // EPI_SWIGLU: multiplies the result by scale[slot] (NULL: 1)
+    const float *conv_w;    // EPI_CONV: [rows][conv_k]
+    float *conv_state;      // EPI_CONV: [rows][conv_k - 1], oldest first
+    int conv_k;
+    int block0;             // filled by gemv_launch
+};
+
+struct gemv_params {
+    int nseg;
+    struct gemv_seg seg[GEMV_MAXSEG];
+    const float *x; // [cols] input row (device)
+    int cols;
+    const float *norm_w; // non-NULL: x is RMS-normalised with this weight first (fused)
+    float eps;
+    // MoE router finisher: when topk_K > 0, the last block turns logits[0..topk_E) into top-k ids
+    // and renormalised weights; wts[topk_K] = sigmoid(logits[topk_E]) if has_shared_gate, else 1.
+    int topk_E, topk_K;
+    int norm_topk, has_shared_gate;
+    const float *logits;
+    int *ids;
+    float *wts;
+    unsigned *counter; // zero between launches (the finisher resets it)
+};
+
+int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
+// Device properties the launchers size their grids with (set once by the backend).
+void decode_set_sm_count(int sm_count, size_t smem_optin);
+void attn_set_sm_count(int sm_count);
+
+// ---- MoE: down projections of the routed experts + shared expert, weighted sum into x ----------
+struct moe_down_params {
+    struct dmat down;     // routed experts' down stack [n][hidden][inter]
+    struct dmat sh_down;  // shared expert's down [hidden][shared_inter] (rows 0: none)
+    const int *ids;       // [K] expert ids (device)
+    int K;                // routed slots (0: dense model)
+    const float *act;     // [K][inter] then [shared_inter]: weights already folded in
+    int inter, sh_inter;
+    float *out;           // [hidden], += result
+    int hidden;
+};
+int moe_down_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e);
+
+// ---- Gated DeltaNet recurrent step (one token), after the fused conv in the projection ---------
+struct deltanet_params {
+    const float *qkv;   // [2*qk + v] conv+silu outputs: q | k | v
+    const float *z;     // [v] output gate
+    const float *b, *a; // [v_heads]
+    float *S;           // [v_heads][d_k][d_v] state
+    const float *A_log, *dt_bias; // [v_heads]
+    const float *norm_w;          // [d_v]
+    float *y;                     // [v] output (gated-RMS-normed)
+    int k_heads, v_heads, dk, dv;
+    float eps;
+};
+int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e);
+
+// ---- Attention decode ---------------------------------------------------------------------------
+struct attn_params {
+    const float *qg;  // q_proj output: per head [query | gate] (gate) or [query]
+    const float *k, *v; // [n_kv][hd]
+    const float *q_norm, *k_norm; // [hd]
+    uint16_t *kc, *vc; // caches bf16 [max_ctx][n_kv][hd]
+    const int *pos;   // device: position of this token (context = pos + 1)
+    int n_heads, n_kv, hd, rope_dim;
+    float rope_theta, eps;
+    int gate;
+    int max_ctx;
+    int splits;       // split-KV blocks per KV head (fixed for a graph; empty splits exit)
+    float *q_ws;      // [n_heads][hd] normed+roped queries
+    float *part;      // [splits][n_heads][hd + 2] partial (acc, m, l)
+    float *out;       // [n_heads][hd] gated attention output
+};
+int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e);
+// Splits to use for a KV head count on this device (enough blocks to fill it at long contexts).
+int attn_splits(int n_kv);
+
+// ---- Embedding row lookup (token id read from device memory) -----------------------------------
+int embed_launch(const struct dmat *emb, const int32_t *tok, float *x, cudaStream_t s,
+                 struct wren_err *e);
+
+// ---- Sampler --------------------------------------------------------------------------------
+struct sample_params {
+    const float *logits; // [vocab]
+    int n_vocab;         // ids >= n_vocab never sampled
+    float temperature, top_p, min_p, presence, frequency, repetition;
+    int top_k;
+    int n_logprobs;      // < 0: none
+    uint64_t seed;
+    int *counts;         // [vocab] generated-token counts (device)
+    uint8_t *seen;       // [vocab] prompt + generated (repetition penalty)
+    float *work;         // [vocab] scratch
+    unsigned long long *argmax; // greedy scratch (reset by the finisher)
+    unsigned *counter;   // block ticket (greedy)
+    int32_t *tok_out;    // next step's input token
+    int *step;           // device step counter: ring slot, RNG stream; incremented
+    int *pos;            // device position; incremented when advance_pos
+    int advance_pos;
+    struct sampled_token *ring; // host-mapped ring of sampled tokens
+    int ring_n;
+};
+int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e);
+
+// ---- The decode step -------------------------------------------------------------------------
+// Activation workspace of one backend (shared by its states: steps never run concurrently).
+struct decode_ws {
+    float *x;                 // [hidden] residual stream
+    float *qkv, *z, *b, *a, *y; // DeltaNet: conv outputs, gate, beta/alpha logits, mixer output
+    float *qg, *k, *v, *q, *att, *part; // attention
+    float *rlog, *wts, *act;  // MoE: router logits (+ shared gate), weights, expert activations
+    int *ids;
+    unsigned *counter;        // router finisher ticket
+    int *pos, *step;          // device position and sampler step counters
+    int32_t *tok;             // the step's input token
+    int *counts;              // sampler: generated-token counts
+    uint8_t *seen;            // sampler: ids in prompt + generated
+    float *work;              // sampler scratch [vocab]
+    unsigned long long *argmax;
+    unsigned *scounter;
+    struct sampled_token *ring, *ring_dev; // host-mapped ring (host and device views)
+    int ring_n;
+    int splits;               // attention split-KV blocks per KV head
+};
+
+// Enqueues one decode step (embedding of ws->tok at position ws->pos through the lm_head into
+// st->logits) on cx->stream. No host synchronization; capturable.
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e);
+// Sets the device position and token counters (a kernel, so it is capturable and needs no host buffer).
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e);

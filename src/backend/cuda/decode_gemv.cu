@@ -1,0 +1,302 @@
+// Batch-1 GEMV: y = W x for several matrices that read the same x, in one launch. The weights are
+// streamed once in 16-byte chunks with dequantization fused in the read; x (optionally
+// RMS-normalised on the fly) sits in padded shared memory and is reused by the R rows a thread
+// computes at once. TPR threads share a row group (split over the row's chunks) so that small
+// matrices still put enough loads in flight. Epilogues fold the consumer's elementwise work in.
+#include "backend/cuda/decode.cuh"
+
+static int g_sm_count = 132;
+static size_t g_smem_optin = 48 * 1024;
+
+void decode_set_sm_count(int sm_count, size_t smem_optin) {
+    g_sm_count = sm_count;
+    g_smem_optin = smem_optin;
+    attn_set_sm_count(sm_count);
+}
+
+#define GEMV_THREADS 256
+
+// Block-wide sum of one float (all threads get it). red: >= 32 floats of shared memory.
+static __device__ __forceinline__ float block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : 0.f;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Loads x (RMS-normalised when norm_w) into padded shared memory.
+static __device__ void load_x(float *xs, const float *x, int cols, const float *norm_w, float eps,
+                              float *red) {
+    float scale = 1.f;
+    if (norm_w) {
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += x[i] * x[i];
+        ss = block_sum(ss, red);
+        scale = rsqrtf(ss / (float)cols + eps);
+    }
+    for (int i = threadIdx.x; i < cols; i += blockDim.x)
+        xs[xpad(i)] = norm_w ? x[i] * scale * norm_w[i] : x[i];
+    __syncthreads();
+}
+
+static __device__ __forceinline__ uint4 ldw(const uint8_t *p) {
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+// R row dot products: rows given by their data/scale/bias pointers (rows may come from different
+// matrices of the same format). Thread t of the row group handles chunks t, t + TPR, ...
+template <int BITS, int R, int TPR>
+static __device__ __forceinline__ void rows_dot(const uint8_t *const (&rp)[R],
+                                                const uint16_t *const (&sp)[R],
+                                                const uint16_t *const (&bp)[R], int group,
+                                                const float *xs, int C, int t, float (&acc)[R]) {
+    constexpr int EPC = wfmt<BITS>::EPC;
+#pragma unroll 2
+    for (int c = t; c < C; c += TPR) {
+        uint4 w[R];
+        float s[R], b[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) w[i] = ldw(rp[i] + (size_t)c * 16);
+        if constexpr (BITS != 16) {
+            int g = c * EPC / group;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                s[i] = bf16_bits_to_f32(__ldg(sp[i] + g));
+                b[i] = bf16_bits_to_f32(__ldg(bp[i] + g));
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) s[i] = b[i] = 0.f;
+        }
+        dot_chunk<BITS, R>(w, s, b, xs + xpad(c * EPC), acc);
+    }
+}
+
+// Sums acc over the TPR threads of a row group; every thread of the group gets the totals.
+template <int R, int TPR>
+static __device__ __forceinline__ void group_reduce(float (&acc)[R], float *red) {
+    constexpr int W = TPR < 32 ? TPR : 32;
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int o = W / 2; o; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if constexpr (TPR > 32) {
+        constexpr int NW = TPR / 32;
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < R; i++) red[warp * R + i] = acc[i];
+        __syncthreads();
+        int w0 = warp / NW * NW;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < NW; k++) v += red[(w0 + k) * R + i];
+            acc[i] = v;
+        }
+        __syncthreads();
+    }
+}
+
+static __device__ __forceinline__ void row_ptrs(const struct dmat &m, int mat, int row,
+                                                const uint8_t *&rp, const uint16_t *&sp,
+                                                const uint16_t *&bp) {
+    rp = m.data + (size_t)mat * m.mat_stride + (size_t)row * m.row_stride;
+    if (m.type != WT_BF16) {
+        size_t o = (size_t)mat * m.sb_mat_stride + (size_t)row * m.sb_row_stride;
+        sp = reinterpret_cast<const uint16_t *>(m.scales + o);
+        bp = reinterpret_cast<const uint16_t *>(m.biases + o);
+    } else {
+        sp = bp = nullptr;
+    }
+}
+
+template <int BITS, int R, int TPR>
+static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, const float *xs,
+                                int cols, float *red) {
+    constexpr int EPC = wfmt<BITS>::EPC;
+    const bool pair = sg.epi == EPI_SWIGLU;
+    const int t = threadIdx.x % TPR;
+    const uint8_t *rp[R];
+    const uint16_t *sp[R], *bp[R];
+    // pair: rows [0, R/2) of a and the same rows of b; rows past the end read row 0 (discarded)
+    const int per = pair ? R / 2 : R;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        int r = row0 + (pair ? i % (R / 2) : i);
+        if (r >= sg.rows) r = 0;
+        row_ptrs(pair && i >= R / 2 ? sg.b : sg.a, mat, r, rp[i], sp[i], bp[i]);
+    }
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.f;
+    rows_dot<BITS, R, TPR>(rp, sp, bp, sg.a.group, xs, cols / EPC, t, acc);
+    group_reduce<R, TPR>(acc, red);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        int r = row0 + i;
+        if (i >= per || t != i || r >= sg.rows) continue;
+        float y = acc[i];
+        switch (sg.epi) {
+        case EPI_STORE: sg.out[r] = y; break;
+        case EPI_ADD: sg.out[r] += y; break;
+        case EPI_CONV: {
+            const int K = sg.conv_k;
+            const float *cw = sg.conv_w + (size_t)r * K;
+            float *st = sg.conv_state + (size_t)r * (K - 1);
+            float o = cw[K - 1] * y;
+            for (int j = 0; j < K - 1; j++) o += cw[j] * st[j];
+            for (int j = 0; j + 1 < K - 1; j++) st[j] = st[j + 1];
+            if (K > 1) st[K - 2] = y;
+            sg.out[r] = silu_f(o);
+            break;
+        }
+        case EPI_SWIGLU: {
+            float sc = sg.scale ? sg.scale[sg.slot] : 1.f;
+            // acc[i + R/2] is the up row; thread i holds every total after the reduction
+            float u = 0.f;
+#pragma unroll
+            for (int k = 0; k < R; k++)
+                if (k == i + R / 2) u = acc[k];
+            sg.out[r] = sc * silu_f(y) * u;
+            break;
+        }
+        }
+    }
+}
+
+// Router finisher: softmax over E logits, top-K (ties: lower id first), optional renormalisation.
+static __device__ void topk_finish(const struct gemv_params &p) {
+    __shared__ float prob[2048];
+    __shared__ float red[32];
+    __shared__ int sel_i[32];
+    __shared__ float sel_v[32];
+    const int E = p.topk_E;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) mx = fmaxf(mx, __ldcg(p.logits + i));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) mx = fmaxf(mx, red[i]);
+    __syncthreads();
+    float sum = 0.f;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = __expf(__ldcg(p.logits + i) - mx);
+        prob[i] = v;
+        sum += v;
+    }
+    sum = block_sum(sum, red);
+    for (int k = 0; k < p.topk_K; k++) {
+        // block argmax over prob (selected entries are set to -1)
+        float bv = -2.f;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            float v = prob[i];
+            if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        if ((threadIdx.x & 31) == 0) sel_v[threadIdx.x >> 5] = bv, sel_i[threadIdx.x >> 5] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float v = sel_v[0];
+            int id = sel_i[0];
+            for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+                if (sel_v[w] > v || (sel_v[w] == v && sel_i[w] < id)) v = sel_v[w], id = sel_i[w];
+            p.ids[k] = id;
+            p.wts[k] = v / sum;
+            prob[id] = -1.f;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        if (p.norm_topk) {
+            float t = 0.f;
+            for (int k = 0; k < p.topk_K; k++) t += p.wts[k];
+            for (int k = 0; k < p.topk_K; k++) p.wts[k] /= t;
+        }
+        p.wts[p.topk_K] = p.has_shared_gate ? sigmoid_f(__ldcg(p.logits + E)) : 1.f;
+        *p.counter = 0;
+    }
+}
+
+template <int TPR>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constant__ struct gemv_params p) {
+    extern __shared__ float xs[];
+    __shared__ float red[GEMV_THREADS / 32 * 4];
+    __shared__ int last;
+    load_x(xs, p.x, p.cols, p.norm_w, p.eps, red);
+    int s = 0;
+    while (s + 1 < p.nseg && (int)blockIdx.x >= p.seg[s + 1].block0) s++;
+    const struct gemv_seg &sg = p.seg[s];
+    const int mat = sg.idx ? sg.idx[sg.slot] : sg.mat;
+    const int groups = GEMV_THREADS / TPR, grp = threadIdx.x / TPR;
+    const int bits = dmat_bits(sg.a.type, sg.a.bits);
+    const int per = sg.epi == EPI_SWIGLU ? 2 : 4; // rows per group
+    const int row0 = ((blockIdx.x - sg.block0) * groups + grp) * per;
+    if (bits == 4) seg_rows<4, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    else if (bits == 8) seg_rows<8, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    else seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    if (p.topk_K > 0) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            topk_finish(p);
+        }
+    }
+}
+
+int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
+    if (p->nseg < 1 || p->nseg > GEMV_MAXSEG) return wren_errf(e, "gemv: bad segment count %d", p->nseg);
+    int cmax = 0;
+    long groups_total = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        const struct gemv_seg *g = &p->seg[i];
+        int bits = dmat_bits(g->a.type, g->a.bits);
+        int epc = 128 / bits;
+        if (g->a.cols != p->cols || p->cols % epc)
+            return wren_errf(e, "gemv: matrix of %d columns (%d-bit) cannot read an input of %d", g->a.cols,
+                             bits, p->cols);
+        if (g->epi == EPI_SWIGLU &&
+            (g->b.type != g->a.type || g->b.bits != g->a.bits || g->b.group != g->a.group))
+            return wren_errf(e, "gemv: gate and up projections must share one format");
+        int c = p->cols / epc;
+        if (c > cmax) cmax = c;
+        groups_total += (g->rows + 3) / 4 * (g->epi == EPI_SWIGLU ? 2 : 1);
+    }
+    int tpr = 32;
+    const long target = (long)g_sm_count * 2048;
+    while (tpr < 256 && tpr * 2 <= cmax && groups_total * tpr < target) tpr *= 2;
+    const int per_block_groups = GEMV_THREADS / tpr;
+    int nb = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        struct gemv_seg *g = &p->seg[i];
+        int per = g->epi == EPI_SWIGLU ? 2 : 4;
+        g->block0 = nb;
+        nb += (g->rows + per_block_groups * per - 1) / (per_block_groups * per);
+    }
+    size_t smem = (size_t)xpad_len(p->cols) * sizeof(float);
+    if (smem > g_smem_optin) return wren_errf(e, "gemv: input of %d columns does not fit in shared memory", p->cols);
+    void (*k)(const struct gemv_params) = tpr == 32 ? gemv_kernel<32> : tpr == 64 ? gemv_kernel<64>
+                                          : tpr == 128 ? gemv_kernel<128> : gemv_kernel<256>;
+    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    k<<<nb, GEMV_THREADS, smem, s>>>(*p);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

@@ -1,0 +1,187 @@
+// One batch-1 decode step as a fixed sequence of fused launches (see NOTES.md for the list): per
+// DeltaNet layer 3 mixer launches, per attention layer 4 (prep, split, combine counted as one
+// launcher), per MoE block 3; then the final norm fused into the lm_head GEMV.
+#include "backend/cuda/decode.cuh"
+
+__global__ void set_pos_tok_kernel(int *pos, int p, int32_t *tok, int32_t t) {
+    *pos = p;
+    if (t >= 0) *tok = t;
+}
+
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e) {
+    set_pos_tok_kernel<<<1, 1, 0, s>>>(ws->pos, pos, ws->tok, tok);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+static struct gemv_seg seg_of(const struct dmat *m, int epi, float *out) {
+    struct gemv_seg g;
+    memset(&g, 0, sizeof g);
+    g.a = *m;
+    g.rows = m->rows;
+    g.epi = epi;
+    g.out = out;
+    return g;
+}
+
+static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L, struct wren_err *e) {
+    const struct model_config *c = cx->cfg;
+    const int K = c->n_experts > 0 ? c->top_k : 0;
+    const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
+    struct gemv_params gp;
+    if (K > 0) {
+        memset(&gp, 0, sizeof gp);
+        gp.x = ws->x;
+        gp.cols = c->hidden;
+        gp.norm_w = L->post_norm;
+        gp.eps = c->rms_eps;
+        gp.seg[gp.nseg++] = seg_of(&L->router, EPI_STORE, ws->rlog);
+        const bool shg = L->sh_gate_w.rows > 0 && shi > 0;
+        if (shg) gp.seg[gp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
+        gp.topk_E = c->n_experts;
+        gp.topk_K = K;
+        gp.norm_topk = c->norm_topk;
+        gp.has_shared_gate = shg;
+        gp.logits = ws->rlog;
+        gp.ids = ws->ids;
+        gp.wts = ws->wts;
+        gp.counter = ws->counter;
+        if (gemv_launch(&gp, cx->stream, e)) return -1;
+    }
+    memset(&gp, 0, sizeof gp);
+    gp.x = ws->x;
+    gp.cols = c->hidden;
+    gp.norm_w = L->post_norm;
+    gp.eps = c->rms_eps;
+    for (int k = 0; k < K; k++) {
+        struct gemv_seg g = seg_of(&L->exp_gate, EPI_SWIGLU, ws->act + (size_t)k * inter);
+        g.b = L->exp_up;
+        g.idx = ws->ids;
+        g.slot = k;
+        g.scale = ws->wts;
+        gp.seg[gp.nseg++] = g;
+    }
+    if (shi > 0) {
+        struct gemv_seg g = seg_of(&L->sh_gate, EPI_SWIGLU, ws->act + (size_t)K * inter);
+        g.b = L->sh_up;
+        g.slot = K;
+        g.scale = ws->wts;
+        gp.seg[gp.nseg++] = g;
+    }
+    if (gemv_launch(&gp, cx->stream, e)) return -1;
+    struct moe_down_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.down = L->exp_down;
+    dp.sh_down = L->sh_down;
+    dp.ids = ws->ids;
+    dp.K = K;
+    dp.act = ws->act;
+    dp.inter = inter;
+    dp.sh_inter = shi;
+    dp.out = ws->x;
+    dp.hidden = c->hidden;
+    return moe_down_launch(&dp, cx->stream, e);
+}
+
+static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
+                          const struct dlayer *L, struct wren_err *e) {
+    const struct model_config *c = cx->cfg;
+    struct gemv_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.x = ws->x;
+    gp.cols = c->hidden;
+    gp.norm_w = L->input_norm;
+    gp.eps = c->rms_eps;
+    struct gemv_seg g = seg_of(&L->dn_qkv, EPI_CONV, ws->qkv);
+    g.conv_w = L->dn_conv;
+    g.conv_state = st->conv[j];
+    g.conv_k = c->conv_kernel;
+    gp.seg[gp.nseg++] = g;
+    gp.seg[gp.nseg++] = seg_of(&L->dn_z, EPI_STORE, ws->z);
+    gp.seg[gp.nseg++] = seg_of(&L->dn_b, EPI_STORE, ws->b);
+    gp.seg[gp.nseg++] = seg_of(&L->dn_a, EPI_STORE, ws->a);
+    if (gemv_launch(&gp, cx->stream, e)) return -1;
+    struct deltanet_params dp;
+    dp.qkv = ws->qkv;
+    dp.z = ws->z;
+    dp.b = ws->b;
+    dp.a = ws->a;
+    dp.S = st->ssm[j];
+    dp.A_log = L->dn_A_log;
+    dp.dt_bias = L->dn_dt_bias;
+    dp.norm_w = L->dn_norm;
+    dp.y = ws->y;
+    dp.k_heads = c->dn_k_heads;
+    dp.v_heads = c->dn_v_heads;
+    dp.dk = c->dn_k_dim;
+    dp.dv = c->dn_v_dim;
+    dp.eps = c->rms_eps;
+    if (deltanet_launch(&dp, cx->stream, e)) return -1;
+    memset(&gp, 0, sizeof gp);
+    gp.x = ws->y;
+    gp.cols = cfg_dn_v_dim(c);
+    gp.seg[gp.nseg++] = seg_of(&L->dn_out, EPI_ADD, ws->x);
+    return gemv_launch(&gp, cx->stream, e);
+}
+
+static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
+                           const struct dlayer *L, struct wren_err *e) {
+    const struct model_config *c = cx->cfg;
+    struct gemv_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.x = ws->x;
+    gp.cols = c->hidden;
+    gp.norm_w = L->input_norm;
+    gp.eps = c->rms_eps;
+    gp.seg[gp.nseg++] = seg_of(&L->q_proj, EPI_STORE, ws->qg);
+    gp.seg[gp.nseg++] = seg_of(&L->k_proj, EPI_STORE, ws->k);
+    gp.seg[gp.nseg++] = seg_of(&L->v_proj, EPI_STORE, ws->v);
+    if (gemv_launch(&gp, cx->stream, e)) return -1;
+    struct attn_params ap;
+    ap.qg = ws->qg;
+    ap.k = ws->k;
+    ap.v = ws->v;
+    ap.q_norm = L->q_norm;
+    ap.k_norm = L->k_norm;
+    ap.kc = st->k_cache[j];
+    ap.vc = st->v_cache[j];
+    ap.pos = ws->pos;
+    ap.n_heads = c->n_heads;
+    ap.n_kv = c->n_kv_heads;
+    ap.hd = c->head_dim;
+    ap.rope_dim = c->rope_dim;
+    ap.rope_theta = c->rope_theta;
+    ap.eps = c->rms_eps;
+    ap.gate = c->attn_output_gate;
+    ap.max_ctx = st->max_ctx;
+    ap.splits = ws->splits;
+    ap.q_ws = ws->q;
+    ap.part = ws->part;
+    ap.out = ws->att;
+    if (attn_launch(&ap, cx->stream, e)) return -1;
+    memset(&gp, 0, sizeof gp);
+    gp.x = ws->att;
+    gp.cols = c->n_heads * c->head_dim;
+    gp.seg[gp.nseg++] = seg_of(&L->o_proj, EPI_ADD, ws->x);
+    return gemv_launch(&gp, cx->stream, e);
+}
+
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e) {
+    const struct model_config *c = cx->cfg;
+    if (embed_launch(&cx->dm.embed, ws->tok, ws->x, cx->stream, e)) return -1;
+    int jd = 0, ja = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct dlayer *L = &cx->dm.layers[l];
+        int rc = c->kind[l] == LAYER_DELTANET ? deltanet_layer(cx, ws, st, jd++, L, e)
+                                              : attention_layer(cx, ws, st, ja++, L, e);
+        if (rc || moe_block(cx, ws, L, e)) return wren_err_prefix(e, "layer %d: ", l);
+    }
+    struct gemv_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.x = ws->x;
+    gp.cols = c->hidden;
+    gp.norm_w = cx->dm.final_norm;
+    gp.eps = c->rms_eps;
+    gp.seg[gp.nseg++] = seg_of(&cx->dm.lm_head, EPI_STORE, st->logits);
+    return gemv_launch(&gp, cx->stream, e);
+}

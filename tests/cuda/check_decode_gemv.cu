@@ -1,0 +1,186 @@
+// GEMV kernel checks against a host reference: q4/q8/bf16, group sizes 32/64/128, odd row counts,
+// several segments per launch, fused RMSNorm, the ADD / CONV / SWIGLU epilogues with routed
+// (device-indexed) experts, and the router finisher (softmax, top-k with ties, renormalisation).
+#include "common_check.cuh"
+
+static void host_norm(std::vector<float> &xn, const std::vector<float> &x, const std::vector<float> &w, float eps) {
+    double ss = 0;
+    for (float v : x) ss += (double)v * v;
+    float r = 1.f / sqrtf((float)(ss / x.size()) + eps);
+    xn.resize(x.size());
+    for (size_t i = 0; i < x.size(); i++) xn[i] = x[i] * r * w[i];
+}
+
+static void t_plain(int bits, int group, int rows1, int rows2, int cols, bool norm) {
+    struct tmat A = make_mat(1, rows1, cols, bits, group), B = make_mat(3, rows2, cols, bits, group);
+    std::vector<float> x = rnd_vec(cols, -2, 2), nw = rnd_vec(cols, 0.5f, 1.5f), xn;
+    std::vector<float> res = rnd_vec(rows2, -1, 1);
+    float *dx = dev_copy(x), *dnw = dev_copy(nw), *o1 = dev_poison(rows1), *o2 = dev_copy(res);
+    struct gemv_params p;
+    memset(&p, 0, sizeof p);
+    p.x = dx, p.cols = cols, p.norm_w = norm ? dnw : nullptr, p.eps = 1e-6f;
+    p.seg[0].a = A.d, p.seg[0].rows = rows1, p.seg[0].epi = EPI_STORE, p.seg[0].out = o1;
+    p.seg[1].a = B.d, p.seg[1].rows = rows2, p.seg[1].epi = EPI_ADD, p.seg[1].out = o2, p.seg[1].mat = 2;
+    p.nseg = 2;
+    WK(gemv_launch(&p, 0, &err_));
+    if (norm) host_norm(xn, x, nw, 1e-6f);
+    else xn = x;
+    std::vector<float> w1(rows1), w2(rows2);
+    for (int r = 0; r < rows1; r++) w1[r] = ref_dot(A, 0, r, xn.data());
+    for (int r = 0; r < rows2; r++) w2[r] = res[r] + ref_dot(B, 2, r, xn.data());
+    char name[128];
+    snprintf(name, sizeof name, "gemv b%d g%d %dx%d%s store", bits, group, rows1, cols, norm ? " norm" : "");
+    check_close(name, host_copy(o1, rows1).data(), w1.data(), rows1, 2e-3f, 2e-3f);
+    snprintf(name, sizeof name, "gemv b%d g%d %dx%d%s add (mat 2)", bits, group, rows2, cols, norm ? " norm" : "");
+    check_close(name, host_copy(o2, rows2).data(), w2.data(), rows2, 2e-3f, 2e-3f);
+}
+
+static void t_conv(int bits, int rows, int cols, int K) {
+    struct tmat A = make_mat(1, rows, cols, bits, 64);
+    std::vector<float> cw = rnd_vec((size_t)rows * K, -0.5f, 0.5f), cs = rnd_vec((size_t)rows * (K - 1), -1, 1);
+    float *dcw = dev_copy(cw), *dcs = dev_copy(cs), *out = dev_poison(rows);
+    std::vector<float> want(rows), st = cs;
+    for (int step = 0; step < 3; step++) {
+        std::vector<float> x = rnd_vec(cols, -1, 1);
+        float *dx = dev_copy(x);
+        struct gemv_params p;
+        memset(&p, 0, sizeof p);
+        p.x = dx, p.cols = cols;
+        p.seg[0].a = A.d, p.seg[0].rows = rows, p.seg[0].epi = EPI_CONV, p.seg[0].out = out;
+        p.seg[0].conv_w = dcw, p.seg[0].conv_state = dcs, p.seg[0].conv_k = K;
+        p.nseg = 1;
+        WK(gemv_launch(&p, 0, &err_));
+        for (int r = 0; r < rows; r++) {
+            float y = ref_dot(A, 0, r, x.data());
+            float *h = &st[(size_t)r * (K - 1)];
+            float o = cw[(size_t)r * K + K - 1] * y;
+            for (int j = 0; j < K - 1; j++) o += cw[(size_t)r * K + j] * h[j];
+            for (int j = 0; j + 1 < K - 1; j++) h[j] = h[j + 1];
+            h[K - 2] = y;
+            want[r] = o / (1.f + expf(-o));
+        }
+        CK(cudaFree(dx));
+    }
+    char name[128];
+    snprintf(name, sizeof name, "gemv conv epilogue b%d %dx%d k%d (3 steps)", bits, rows, cols, K);
+    check_close(name, host_copy(out, rows).data(), want.data(), rows, 2e-3f, 2e-3f);
+    snprintf(name, sizeof name, "gemv conv state b%d", bits);
+    check_close(name, host_copy(dcs, st.size()).data(), st.data(), st.size(), 2e-3f, 2e-3f);
+}
+
+// Router + finisher, then gate/up SWIGLU of the routed experts and the shared expert.
+static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties, bool norm_topk) {
+    struct tmat R = make_mat(1, E, hidden, 8, 64), G1 = make_mat(1, 1, hidden, 8, 64);
+    struct tmat Gt = make_mat(E, inter, hidden, bits, 64), Up = make_mat(E, inter, hidden, bits, 64);
+    struct tmat Sg = make_mat(1, inter, hidden, bits, 64), Su = make_mat(1, inter, hidden, bits, 64);
+    std::vector<float> x = rnd_vec(hidden, -2, 2), nw = rnd_vec(hidden, 0.5f, 1.5f), xn;
+    host_norm(xn, x, nw, 1e-6f);
+    float *dx = dev_copy(x), *dnw = dev_copy(nw), *rlog = dev_poison(E + 1), *wts = dev_poison(K + 1);
+    float *act = dev_poison((size_t)(K + 1) * inter);
+    int *ids;
+    unsigned *counter;
+    CK(cudaMalloc(&ids, (K + 1) * 4));
+    CK(cudaMalloc(&counter, 4));
+    CK(cudaMemset(counter, 0, 4));
+    std::vector<float> lg(E + 1);
+    if (ties) {
+        // force exact ties: make router rows equal in pairs by copying rows on the device
+        for (int r = 1; r < E; r += 2) {
+            CK(cudaMemcpy((uint8_t *)R.d.data + r * R.d.row_stride, R.d.data + (r - 1) * R.d.row_stride, R.d.row_stride,
+                          cudaMemcpyDeviceToDevice));
+            CK(cudaMemcpy((uint8_t *)R.d.scales + r * R.d.sb_row_stride, R.d.scales + (r - 1) * R.d.sb_row_stride,
+                          R.d.sb_row_stride, cudaMemcpyDeviceToDevice));
+            CK(cudaMemcpy((uint8_t *)R.d.biases + r * R.d.sb_row_stride, R.d.biases + (r - 1) * R.d.sb_row_stride,
+                          R.d.sb_row_stride, cudaMemcpyDeviceToDevice));
+        }
+        for (int r = 1; r < E; r += 2)
+            memcpy(&R.w[(size_t)r * hidden], &R.w[(size_t)(r - 1) * hidden], hidden * sizeof(float));
+    }
+    for (int r = 0; r < E; r++) lg[r] = ref_dot(R, 0, r, xn.data());
+    lg[E] = ref_dot(G1, 0, 0, xn.data());
+    struct gemv_params p;
+    memset(&p, 0, sizeof p);
+    p.x = dx, p.cols = hidden, p.norm_w = dnw, p.eps = 1e-6f;
+    p.seg[0].a = R.d, p.seg[0].rows = E, p.seg[0].epi = EPI_STORE, p.seg[0].out = rlog;
+    p.seg[1].a = G1.d, p.seg[1].rows = 1, p.seg[1].epi = EPI_STORE, p.seg[1].out = rlog + E;
+    p.nseg = 2;
+    p.topk_E = E, p.topk_K = K, p.norm_topk = norm_topk, p.has_shared_gate = 1;
+    p.logits = rlog, p.ids = ids, p.wts = wts, p.counter = counter;
+    WK(gemv_launch(&p, 0, &err_));
+    // host top-k on the device's logits (so tie order is judged on identical inputs)
+    std::vector<float> glog = host_copy(rlog, E + 1);
+    char name[128];
+    snprintf(name, sizeof name, "router logits E%d b8%s", E, ties ? " (ties)" : "");
+    check_close(name, glog.data(), lg.data(), E + 1, 2e-3f, 2e-3f);
+    double mx = -1e30, sum = 0;
+    for (int i = 0; i < E; i++) mx = fmax(mx, glog[i]);
+    std::vector<double> pr(E);
+    for (int i = 0; i < E; i++) sum += (pr[i] = exp(glog[i] - mx));
+    std::vector<int> sel;
+    std::vector<float> sw;
+    double ws = 0;
+    for (int k = 0; k < K; k++) {
+        int b = -1;
+        for (int i = 0; i < E; i++) {
+            bool taken = false;
+            for (int s : sel) taken |= s == i;
+            if (!taken && (b < 0 || pr[i] > pr[b])) b = i;
+        }
+        sel.push_back(b);
+        sw.push_back((float)(pr[b] / sum));
+        ws += pr[b] / sum;
+    }
+    if (norm_topk)
+        for (auto &v : sw) v = (float)(v / ws);
+    sw.push_back(1.f / (1.f + expf(-glog[E])));
+    std::vector<int> gids = host_copy(ids, K);
+    bool same = true;
+    for (int k = 0; k < K; k++) same &= gids[k] == sel[k];
+    snprintf(name, sizeof name, "router top-%d ids of %d%s", K, E, ties ? " (ties: lower id first)" : "");
+    check_true(name, same);
+    snprintf(name, sizeof name, "router weights%s + shared gate", norm_topk ? " (renormalised)" : "");
+    check_close(name, host_copy(wts, K + 1).data(), sw.data(), K + 1, 1e-5f, 1e-4f);
+    CK(cudaMemcpy(ids, sel.data(), K * 4, cudaMemcpyHostToDevice));
+    // gate/up
+    memset(&p, 0, sizeof p);
+    p.x = dx, p.cols = hidden, p.norm_w = dnw, p.eps = 1e-6f;
+    for (int k = 0; k < K; k++) {
+        struct gemv_seg &g = p.seg[p.nseg++];
+        g.a = Gt.d, g.b = Up.d, g.idx = ids, g.slot = k, g.rows = inter, g.epi = EPI_SWIGLU;
+        g.out = act + (size_t)k * inter, g.scale = wts;
+    }
+    struct gemv_seg &g = p.seg[p.nseg++];
+    g.a = Sg.d, g.b = Su.d, g.slot = K, g.rows = inter, g.epi = EPI_SWIGLU, g.out = act + (size_t)K * inter, g.scale = wts;
+    WK(gemv_launch(&p, 0, &err_));
+    std::vector<float> want((size_t)(K + 1) * inter);
+    for (int k = 0; k <= K; k++)
+        for (int r = 0; r < inter; r++) {
+            float a = k < K ? ref_dot(Gt, sel[k], r, xn.data()) : ref_dot(Sg, 0, r, xn.data());
+            float b = k < K ? ref_dot(Up, sel[k], r, xn.data()) : ref_dot(Su, 0, r, xn.data());
+            want[(size_t)k * inter + r] = sw[k] * a / (1.f + expf(-a)) * b;
+        }
+    snprintf(name, sizeof name, "swiglu gate/up b%d %d experts x %d + shared", bits, K, inter);
+    check_close(name, host_copy(act, want.size()).data(), want.data(), want.size(), 1e-4f, 3e-3f);
+}
+
+int main(void) {
+    init_device();
+    const int bitsv[] = {4, 8, 16};
+    const int groups[] = {32, 64, 128};
+    for (int b : bitsv)
+        for (int g : groups) {
+            if (b == 16 && g != 64) continue;
+            t_plain(b, g, 37, 515, 2048, true);
+            t_plain(b, g, 1, 3, 384, false);
+        }
+    t_plain(4, 64, 2051, 17, 4096, true);
+    t_plain(4, 64, 248320 / 64, 5, 2048, true); // lm_head-like row count
+    t_plain(8, 32, 129, 7, 8192, false);
+    for (int b : bitsv) t_conv(b, 333, 512, 4);
+    t_conv(4, 64, 256, 2);
+    for (int b : bitsv) t_moe_front(b, 256, 8, 512, 2048, false, true);
+    t_moe_front(4, 256, 8, 512, 2048, true, true);
+    t_moe_front(4, 64, 4, 96, 256, true, false);
+    t_moe_front(16, 16, 2, 64, 128, false, true);
+    return finish("check_decode_gemv");
+}

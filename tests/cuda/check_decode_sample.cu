@@ -1,0 +1,185 @@
+// GPU sampler checks: greedy = argmax (ties to the lower id, ids >= n_vocab never chosen), the
+// counters it advances, penalties against a host computation, top-k / top-p / min-p support and
+// frequencies over many draws, determinism per seed, and logprobs.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "common_check.cuh"
+
+struct sbuf {
+    int vocab;
+    float *logits, *work;
+    int *counts, *step, *pos;
+    uint8_t *seen;
+    int32_t *tok;
+    unsigned long long *argmax;
+    unsigned *counter;
+    struct sampled_token *ring, *ring_dev;
+};
+
+static struct sbuf mk(int vocab) {
+    struct sbuf b;
+    b.vocab = vocab;
+    CK(cudaMalloc(&b.logits, vocab * 4));
+    CK(cudaMalloc(&b.work, vocab * 4));
+    CK(cudaMalloc(&b.counts, vocab * 4));
+    CK(cudaMalloc(&b.seen, vocab));
+    CK(cudaMalloc(&b.step, 4));
+    CK(cudaMalloc(&b.pos, 4));
+    CK(cudaMalloc(&b.tok, 4));
+    CK(cudaMalloc(&b.argmax, 8));
+    CK(cudaMalloc(&b.counter, 4));
+    CK(cudaMemset(b.counts, 0, vocab * 4));
+    CK(cudaMemset(b.seen, 0, vocab));
+    CK(cudaMemset(b.step, 0, 4));
+    CK(cudaMemset(b.pos, 0, 4));
+    CK(cudaMemset(b.argmax, 0, 8));
+    CK(cudaMemset(b.counter, 0, 4));
+    CK(cudaHostAlloc((void **)&b.ring, 8 * sizeof(struct sampled_token), cudaHostAllocMapped));
+    CK(cudaHostGetDevicePointer((void **)&b.ring_dev, b.ring, 0));
+    return b;
+}
+
+static struct sample_params base(const struct sbuf &b) {
+    struct sample_params p;
+    memset(&p, 0, sizeof p);
+    p.logits = b.logits, p.n_vocab = b.vocab, p.temperature = 0, p.top_p = 1, p.repetition = 1, p.n_logprobs = -1;
+    p.counts = b.counts, p.seen = b.seen, p.work = b.work, p.argmax = b.argmax, p.counter = b.counter;
+    p.tok_out = b.tok, p.step = b.step, p.pos = b.pos, p.advance_pos = 1, p.ring = b.ring_dev, p.ring_n = 8;
+    p.seed = 42;
+    return p;
+}
+
+static int draw(const struct sample_params &p, const struct sbuf &b) {
+    WK(sample_launch(&p, 0, &err_));
+    CK(cudaDeviceSynchronize());
+    int step;
+    CK(cudaMemcpy(&step, b.step, 4, cudaMemcpyDeviceToHost));
+    return b.ring[(step - 1) % 8].id;
+}
+
+static void t_greedy(int vocab) {
+    struct sbuf b = mk(vocab);
+    std::vector<float> l = rnd_vec(vocab, -5, 5);
+    l[vocab / 3] = 9.f, l[vocab / 2] = 9.f; // tie: the lower id wins
+    l[vocab - 1] = 50.f;                    // beyond n_vocab: never chosen
+    CK(cudaMemcpy(b.logits, l.data(), vocab * 4, cudaMemcpyHostToDevice));
+    struct sample_params p = base(b);
+    p.n_vocab = vocab - 1;
+    int t = draw(p, b);
+    int tok, step, pos, cnt;
+    CK(cudaMemcpy(&tok, b.tok, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&step, b.step, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&pos, b.pos, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&cnt, b.counts + vocab / 3, 4, cudaMemcpyDeviceToHost));
+    char name[128];
+    snprintf(name, sizeof name, "greedy argmax vocab %d (tie -> lower id, id >= n_vocab skipped)", vocab);
+    check_true(name, t == vocab / 3 && tok == t && step == 1 && pos == 1 && cnt == 1);
+    // the same through the full kernel (logprobs requested forces it)
+    p.n_logprobs = 3;
+    int t2 = draw(p, b);
+    double mx = -1e30, z = 0;
+    for (int i = 0; i < vocab - 1; i++) mx = fmax(mx, l[i]);
+    for (int i = 0; i < vocab - 1; i++) z += exp(l[i] - mx);
+    const struct sampled_token &r = b.ring[1];
+    bool ok = t2 == vocab / 3 && r.n_top == 3 && fabs(r.logprob - (l[t2] - mx - log(z))) < 1e-3 &&
+              r.top_id[0] == vocab / 3 && r.top_id[1] == vocab / 2 && fabs(r.top_logprob[1] - (9 - mx - log(z))) < 1e-3;
+    snprintf(name, sizeof name, "greedy + logprobs (full sampler) vocab %d", vocab);
+    check_true(name, ok);
+}
+
+static void t_penalties(void) {
+    const int V = 5000;
+    struct sbuf b = mk(V);
+    std::vector<float> l = rnd_vec(V, -3, 3);
+    std::vector<int> counts(V, 0);
+    std::vector<uint8_t> seen(V, 0);
+    for (int i = 0; i < 200; i++) counts[rnd_u32() % V] += 1 + rnd_u32() % 3, seen[rnd_u32() % V] = 1;
+    for (int i = 0; i < V; i++) seen[i] |= counts[i] > 0;
+    CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
+    struct sample_params p = base(b);
+    p.repetition = 1.3f, p.presence = 0.5f, p.frequency = 0.3f;
+    bool ok = true;
+    for (int round = 0; round < 20; round++) {
+        CK(cudaMemcpy(b.counts, counts.data(), V * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(b.seen, seen.data(), V, cudaMemcpyHostToDevice));
+        int t = draw(p, b);
+        int best = 0;
+        float bv = -1e30f;
+        for (int i = 0; i < V; i++) {
+            float x = l[i];
+            if (seen[i]) x = x > 0 ? x / 1.3f : x * 1.3f;
+            if (counts[i]) x -= 0.3f * counts[i] + 0.5f;
+            if (x > bv) bv = x, best = i;
+        }
+        ok &= t == best;
+        counts[t]++, seen[t] = 1; // what the device recorded too
+    }
+    check_true("penalties (repetition, presence, frequency) + greedy, 20 rounds", ok);
+}
+
+// Draws n samples; checks support and frequencies against the expected distribution.
+static void t_dist(const char *what, int V, float temp, int top_k, float top_p, float min_p, int n) {
+    struct sbuf b = mk(V);
+    std::vector<float> l = rnd_vec(V, -2, 2);
+    for (int i = 0; i < 6; i++) l[rnd_u32() % V] += 3.f;
+    CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
+    // expected: HF order — temperature, top-k, top-p, min-p
+    std::vector<int> ord(V);
+    for (int i = 0; i < V; i++) ord[i] = i;
+    std::sort(ord.begin(), ord.end(), [&](int a, int c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
+    int keep = top_k > 0 && top_k < V ? top_k : V;
+    double mx = l[ord[0]] / temp, z = 0;
+    std::vector<double> pr(V, 0);
+    for (int i = 0; i < keep; i++) z += (pr[ord[i]] = exp(l[ord[i]] / temp - mx));
+    if (top_p < 1) {
+        double acc = 0;
+        int k2 = 0;
+        while (k2 < keep && acc < top_p * z) acc += pr[ord[k2++]];
+        for (int i = k2; i < keep; i++) pr[ord[i]] = 0;
+        keep = k2;
+    }
+    if (min_p > 0)
+        for (int i = 0; i < keep; i++)
+            if (pr[ord[i]] < min_p * pr[ord[0]]) pr[ord[i]] = 0;
+    z = 0;
+    for (double v : pr) z += v;
+    struct sample_params p = base(b);
+    p.temperature = temp, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p, p.seed = 7;
+    std::vector<int> hits(V, 0);
+    std::vector<int> seq;
+    bool support = true;
+    for (int i = 0; i < n; i++) {
+        int t = draw(p, b);
+        if (t < 0 || t >= V || pr[t] == 0) support = false;
+        else hits[t]++;
+        if (i < 50) seq.push_back(t);
+    }
+    double worst = 0;
+    for (int i = 0; i < V; i++) worst = fmax(worst, fabs(hits[i] / (double)n - pr[i] / z));
+    char name[160];
+    snprintf(name, sizeof name, "%s: support of %d draws", what, n);
+    check_true(name, support);
+    snprintf(name, sizeof name, "%s: max |freq - p| = %.4f (< %.3f)", what, worst, 4.0 / sqrt((double)n));
+    check_true(name, worst < 4.0 / sqrt((double)n));
+    // determinism: same seed and step -> same draws
+    CK(cudaMemset(b.step, 0, 4));
+    bool same = true;
+    for (int i = 0; i < 50; i++) same &= draw(p, b) == seq[i];
+    snprintf(name, sizeof name, "%s: same seed, same 50 draws", what);
+    check_true(name, same);
+}
+
+int main(void) {
+    init_device();
+    t_greedy(1000);
+    t_greedy(248320);
+    t_penalties();
+    t_dist("temperature 1", 50, 1.f, 0, 1.f, 0.f, 20000);
+    t_dist("top-k 5 temp 0.8", 1000, 0.8f, 5, 1.f, 0.f, 20000);
+    t_dist("top-p 0.6 temp 0.7", 400, 0.7f, 0, 0.6f, 0.f, 20000);
+    t_dist("min-p 0.1", 400, 1.f, 0, 1.f, 0.1f, 20000);
+    t_dist("top-k 20 top-p 0.8 min-p 0.05", 248320, 0.7f, 20, 0.8f, 0.05f, 3000);
+    return finish("check_decode_sample");
+}
