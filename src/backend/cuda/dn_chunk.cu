@@ -198,11 +198,11 @@ int pf_dn_prep(cudaStream_t s, const struct dn_dims *d, const float *qkv, float 
         return wren_errf(e, "DeltaNet: conv kernel %d not supported (2..8)", d->kernel);
     dim3 grid((C + 127) / 128, (d->T + CONV_TB - 1) / CONV_TB);
     conv_kernel<<<grid, 128, 0, s>>>(qkv, conv_state, conv_w, qkvc, d->T, C, d->kernel);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     conv_state_kernel<<<(C + 127) / 128, 128, 0, s>>>(qkv, conv_state, d->T, C, d->kernel);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     qk_norm_kernel<<<d->T, 256, 0, s>>>(qkvc, ba, A_log, dt_bias, C, d->kh, d->vh, d->dk);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 
@@ -228,7 +228,7 @@ int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const 
     default:
         return wren_errf(e, "DeltaNet: key dim %d not supported (32, 64, 128)", d->dk);
     }
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 
@@ -236,6 +236,6 @@ int pf_dn_gate_norm(cudaStream_t s, const struct dn_dims *d, const float *o, con
                     const float *w, float eps, bf16 *y, struct wren_err *e) {
     const int warps = d->T * d->vh;
     gate_norm_kernel<<<(warps * 32 + 255) / 256, 256, 0, s>>>(o, z, w, eps, y, d->T, d->vh, d->dv);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -266,14 +266,14 @@ int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint
     constexpr int BQ = NW * 16, smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
     static bool attr_set = false;
     if (!attr_set) {
-        PF_TRY(cudaFuncSetAttribute(flash_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     smem));
         attr_set = true;
     }
     dim3 grid((d->T + BQ - 1) / BQ, d->nh);
     flash_kernel<NW><<<grid, NW * 32, smem, s>>>(*d, qb, reinterpret_cast<const bf16 *>(k_cache),
                                                  reinterpret_cast<const bf16 *>(v_cache), q, out);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 
@@ -287,7 +287,7 @@ int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, cons
     dim3 grid(d->T, d->nh + 2 * d->nkv);
     attn_prep_kernel<<<grid, 128, d->hd * sizeof(float), s>>>(*d, q, k, v, q_norm, k_norm, qb,
                                                               k_cache, v_cache);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 

@@ -380,12 +380,12 @@ int launch_fast(cudaStream_t s, const gparams &p, dim3 grid, struct wren_err *e)
     constexpr int smem = (ASTAGES * BM * BK + 2 * BN * BK) * (int)sizeof(bf16);
     static bool attr_set = false; // per instantiation; setting it twice is harmless
     if (!attr_set) {
-        PF_TRY(cudaFuncSetAttribute(gemm_q_kernel<BITS, BM, EPI>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_q_kernel<BITS, BM, EPI>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
     gemm_q_kernel<BITS, BM, EPI><<<grid, NTHREADS, smem, s>>>(p);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 
@@ -481,6 +481,6 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
     }
     dim3 grid(n_mtiles, (p.N + 127) / 128);
     gemm_generic_kernel<<<grid, 128, 0, s>>>(p, W->type, W->bits, (int)epi, bm);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }

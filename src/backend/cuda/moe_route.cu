@@ -121,16 +121,16 @@ int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool 
         return wren_errf(e, "MoE routing: %d experts / top-%d not supported (max 1024 / 32)", E, k);
     if (b->max_tiles < pf_moe_max_tiles(T, E, k, bm))
         return wren_errf(e, "MoE routing: tile map too small");
-    PF_TRY(cudaMemsetAsync(b->counts, 0, sizeof(int) * E, s));
+    CUDA_CHECK(cudaMemsetAsync(b->counts, 0, sizeof(int) * E, s));
     topk_kernel<<<(T * 32 + 255) / 256, 256, 0, s>>>(logits, T, E, k, norm_topk, b->topk_id,
                                                      b->topk_w, b->counts);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     scan_kernel<<<1, SCAN_THREADS, 0, s>>>(b->counts, E, bm, b->offsets, b->cursor, b->tiles,
                                            b->n_tiles);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     scatter_kernel<<<(T * k + 255) / 256, 256, 0, s>>>(b->topk_id, T * k, k, b->offsets, b->cursor,
                                                        b->sorted_tok, b->slot);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 
@@ -138,6 +138,6 @@ int pf_moe_combine(cudaStream_t s, float *x, const float *y_sorted, const int *s
                    const float *topk_w, int T, int k, int H, const float *sh, const float *sh_gate,
                    struct wren_err *e) {
     combine_kernel<<<T, 256, 0, s>>>(x, y_sorted, slot, topk_w, k, H, sh, sh_gate);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }

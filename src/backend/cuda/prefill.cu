@@ -218,7 +218,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
     if (!cx->prefill) cx->prefill = (struct prefill_ws *)xcalloc(1, sizeof(struct prefill_ws));
     struct prefill_ws *w = cx->prefill;
     if (n > w->cap) {
-        PF_TRY(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
         ws_free(w);
         if (ws_alloc(w, c, n, e)) {
             ws_free(w);
@@ -228,7 +228,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
     runner r = {cx, w, e};
     w->n_ev = 0;
     r.phase(PF_OTHER);
-    PF_TRY(cudaMemcpyAsync(w->tokens, tokens, sizeof(int32_t) * n, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(w->tokens, tokens, sizeof(int32_t) * n, cudaMemcpyHostToDevice, s));
     if (pf_embed(s, &cx->dm.embed, w->tokens, n, w->x, e)) return -1;
     int ia = 0, id = 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -256,20 +256,20 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
         for (int t0 = 0; t0 < n; t0 += LOGIT_ROWS) {
             const int m = n - t0 < LOGIT_ROWS ? n - t0 : LOGIT_ROWS;
             if (run_logits(r, t0, m, w->lg)) return -1;
-            PF_TRY(cudaMemcpyAsync(logits + (size_t)t0 * c->vocab, w->lg,
+            CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)t0 * c->vocab, w->lg,
                                    sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
         }
     } else if (logits) {
-        PF_TRY(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab, cudaMemcpyDeviceToHost,
+        CUDA_CHECK(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab, cudaMemcpyDeviceToHost,
                                s));
     }
     r.phase(PF_OTHER);
-    if (logits || w->prof) PF_TRY(cudaStreamSynchronize(s));
-    PF_LAUNCHED();
+    if (logits || w->prof) CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK_LAUNCH();
     if (w->prof)
         for (int i = 0; i + 1 < w->n_ev; i++) {
             float ms = 0;
-            PF_TRY(cudaEventElapsedTime(&ms, w->ev[i], w->ev[i + 1]));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, w->ev[i], w->ev[i + 1]));
             w->kind_ms[w->ev_kind[i]] += ms;
         }
     return 0;
@@ -294,7 +294,7 @@ int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
         memset(w->kind_ms, 0, sizeof w->kind_ms);
     }
     if (on && !w->ev_made) {
-        for (int i = 0; i < MAX_EVENTS; i++) PF_TRY(cudaEventCreate(&w->ev[i]));
+        for (int i = 0; i < MAX_EVENTS; i++) CUDA_CHECK(cudaEventCreate(&w->ev[i]));
         w->ev_made = true;
     }
     w->prof = on;

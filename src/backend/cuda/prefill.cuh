@@ -5,21 +5,12 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_model.h"
 
 extern "C" {
 #include "util/err.h"
 }
-
-// Checks a CUDA call (or the last launch) inside a launcher; reports where it failed.
-#define PF_TRY(call)                                                                               \
-    do {                                                                                           \
-        cudaError_t pf_rc_ = (call);                                                               \
-        if (pf_rc_ != cudaSuccess)                                                                 \
-            return wren_errf(e, "CUDA error at %s:%d: %s", __FILE__, __LINE__,                     \
-                             cudaGetErrorString(pf_rc_));                                          \
-    } while (0)
-#define PF_LAUNCHED() PF_TRY(cudaGetLastError())
 
 typedef __nv_bfloat16 bf16;
 

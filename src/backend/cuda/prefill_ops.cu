@@ -53,13 +53,13 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps,
 int pf_embed(cudaStream_t s, const struct dmat *emb, const int32_t *tokens, int T, float *x,
              struct wren_err *e) {
     embed_kernel<<<T, 256, 0, s>>>(*emb, tokens, x);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
 
 int pf_rmsnorm_bf16(cudaStream_t s, const float *x, const float *w, int T, int H, float eps,
                     bf16 *out, struct wren_err *e) {
     rmsnorm_kernel<<<T, 256, 0, s>>>(x, w, H, eps, out);
-    PF_LAUNCHED();
+    CUDA_CHECK_LAUNCH();
     return 0;
 }
