@@ -29,7 +29,8 @@ __global__ void embed_kernel(const struct dmat emb, const int32_t *tokens, float
     }
 }
 
-__global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps, bf16 *out) {
+__global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps, bf16 *out,
+                               float *out_f32) {
     __shared__ float red[32];
     const float *row = x + (size_t)blockIdx.x * H;
     float ss = 0.f;
@@ -44,8 +45,11 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps,
     }
     __syncthreads();
     const float r = red[0];
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        out[(size_t)blockIdx.x * H + i] = __float2bfloat16(row[i] * r * w[i]);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        const float v = row[i] * r * w[i];
+        out[(size_t)blockIdx.x * H + i] = __float2bfloat16(v);
+        if (out_f32) out_f32[(size_t)blockIdx.x * H + i] = v;
+    }
 }
 
 } // namespace
@@ -58,8 +62,8 @@ int pf_embed(cudaStream_t s, const struct dmat *emb, const int32_t *tokens, int 
 }
 
 int pf_rmsnorm_bf16(cudaStream_t s, const float *x, const float *w, int T, int H, float eps,
-                    bf16 *out, struct wren_err *e) {
-    rmsnorm_kernel<<<T, 256, 0, s>>>(x, w, H, eps, out);
+                    bf16 *out, float *out_f32, struct wren_err *e) {
+    rmsnorm_kernel<<<T, 256, 0, s>>>(x, w, H, eps, out, out_f32);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
