@@ -151,33 +151,7 @@ static void bench(int T, int bm) {
            (f_gu + f_down) / (t_gu + t_down) / 1e9);
 }
 
-// Router logits in f32 vs a double-precision CPU product with the exactly dequantized weights.
-static void check_router(int T, int E, int H, enum wtype type, int group) {
-    tmat R = make_tmat(type, 1, E, H, group);
-    std::vector<float> x((size_t)T * H);
-    for (auto &v : x) v = rnd_n();
-    float *dx = dev_upload(x), *dout = dev_poison<float>((size_t)T * E);
-    OK(pf_router_f32(0, dx, T, &R.d, dout, ERR));
-    CK(cudaDeviceSynchronize());
-    std::vector<float> got = dev_download(dout, (size_t)T * E), ref((size_t)T * E);
-    for (int t = 0; t < T; t++)
-        for (int e = 0; e < E; e++) {
-            double acc = 0;
-            for (int k = 0; k < H; k++) acc += (double)R.at(0, e, k) * x[(size_t)t * H + k];
-            ref[(size_t)t * E + e] = (float)acc;
-        }
-    char what[120];
-    snprintf(what, sizeof what, "router f32 T=%d E=%d H=%d bits=%d group=%d", T, E, H, R.bits,
-             group);
-    report(what, rel_l2(got.data(), ref.data(), got.size()), 1e-6);
-    CK(cudaFree(dx));
-    CK(cudaFree(dout));
-}
-
 int main(int argc, char **argv) {
-    check_router(70, 24, 256, WT_Q8, 64);
-    check_router(33, 300, 128, WT_Q4, 32);
-    check_router(5, 16, 192, WT_BF16, 0);
     check(200, 16, 4, 256, 128, 64);
     check(200, 16, 4, 256, 128, 128);
     check(300, 8, 4, 256, 128, 256);

@@ -8,8 +8,7 @@
 #define DN_WARPS 16
 
 template <int RPW>
-__global__ void __launch_bounds__(DN_WARPS * 32)
-    deltanet_kernel(const __grid_constant__ struct deltanet_params p) {
+__global__ void __launch_bounds__(DN_WARPS * 32) deltanet_kernel(const __grid_constant__ struct deltanet_params p) {
     __shared__ float q[256], k[256], v[128], delta[128], o[128];
     __shared__ float part[DN_WARPS][128];
     __shared__ float red[32];
@@ -28,9 +27,8 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     float *Sh = p.S + (size_t)h * dk * dv;
 #pragma unroll
     for (int i = 0; i < RPW; i++)
-        S[i] =
-            colok ? *reinterpret_cast<const float4 *>(Sh + (size_t)(warp * RPW + i) * dv + 4 * lane)
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
+        S[i] = colok ? *reinterpret_cast<const float4 *>(Sh + (size_t)(warp * RPW + i) * dv + 4 * lane)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
     // l2norm(q) / sqrt(dk), l2norm(k); both sums in one pass
     float sq = 0.f, sk = 0.f;
@@ -70,8 +68,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     }
     __syncthreads();
     // S = g S + k delta^T; o = S^T q
-    float4 d4 = colok ? *reinterpret_cast<const float4 *>(&delta[4 * lane])
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 d4 = colok ? *reinterpret_cast<const float4 *>(&delta[4 * lane]) : make_float4(0.f, 0.f, 0.f, 0.f);
     acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
@@ -86,8 +83,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     }
     if (colok) {
 #pragma unroll
-        for (int i = 0; i < RPW; i++)
-            *reinterpret_cast<float4 *>(Sh + (size_t)(warp * RPW + i) * dv + 4 * lane) = S[i];
+        for (int i = 0; i < RPW; i++) *reinterpret_cast<float4 *>(Sh + (size_t)(warp * RPW + i) * dv + 4 * lane) = S[i];
         *reinterpret_cast<float4 *>(&part[warp][4 * lane]) = acc;
     }
     __syncthreads();
@@ -111,31 +107,17 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
 
 int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e) {
     if (p->dv > 128 || p->dv % 4 || p->dk > 256 || p->dk % DN_WARPS || p->v_heads % p->k_heads)
-        return wren_errf(
-            e,
-            "deltanet: unsupported head sizes d_k %d, d_v %d (need d_v <= 128, d_v %% 4 == 0, "
-            "d_k <= 256, d_k %% 16 == 0)",
-            p->dk, p->dv);
+        return wren_errf(e, "deltanet: unsupported head sizes d_k %d, d_v %d (need d_v <= 128, d_v %% 4 == 0, "
+                            "d_k <= 256, d_k %% 16 == 0)", p->dk, p->dv);
     const int rpw = p->dk / DN_WARPS;
     void (*k)(const struct deltanet_params) = nullptr;
     switch (rpw) {
-    case 1:
-        k = deltanet_kernel<1>;
-        break;
-    case 2:
-        k = deltanet_kernel<2>;
-        break;
-    case 4:
-        k = deltanet_kernel<4>;
-        break;
-    case 8:
-        k = deltanet_kernel<8>;
-        break;
-    case 16:
-        k = deltanet_kernel<16>;
-        break;
-    default:
-        return wren_errf(e, "deltanet: d_k %d is not 16, 32, 64, 128 or 256", p->dk);
+    case 1: k = deltanet_kernel<1>; break;
+    case 2: k = deltanet_kernel<2>; break;
+    case 4: k = deltanet_kernel<4>; break;
+    case 8: k = deltanet_kernel<8>; break;
+    case 16: k = deltanet_kernel<16>; break;
+    default: return wren_errf(e, "deltanet: d_k %d is not 16, 32, 64, 128 or 256", p->dk);
     }
     k<<<p->v_heads, DN_WARPS * 32, 0, s>>>(*p);
     CUDA_CHECK_LAUNCH();

@@ -145,12 +145,8 @@ static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, co
         if (i >= per || t != i || r >= sg.rows) continue;
         float y = acc[i];
         switch (sg.epi) {
-        case EPI_STORE:
-            sg.out[r] = y;
-            break;
-        case EPI_ADD:
-            sg.out[r] += y;
-            break;
+        case EPI_STORE: sg.out[r] = y; break;
+        case EPI_ADD: sg.out[r] += y; break;
         case EPI_CONV: {
             const int K = sg.conv_k;
             const float *cw = sg.conv_w + (size_t)r * K;
@@ -238,8 +234,7 @@ static __device__ void topk_finish(const struct gemv_params &p) {
 }
 
 template <int TPR>
-__global__ void __launch_bounds__(GEMV_THREADS)
-    gemv_kernel(const __grid_constant__ struct gemv_params p) {
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ float xs[];
     __shared__ float red[GEMV_THREADS / 32 * 4];
     __shared__ int last;
@@ -252,12 +247,9 @@ __global__ void __launch_bounds__(GEMV_THREADS)
     const int bits = dmat_bits(sg.a.type, sg.a.bits);
     const int per = sg.epi == EPI_SWIGLU ? 2 : 4; // rows per group
     const int row0 = ((blockIdx.x - sg.block0) * groups + grp) * per;
-    if (bits == 4)
-        seg_rows<4, 4, TPR>(sg, mat, row0, xs, p.cols, red);
-    else if (bits == 8)
-        seg_rows<8, 4, TPR>(sg, mat, row0, xs, p.cols, red);
-    else
-        seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    if (bits == 4) seg_rows<4, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    else if (bits == 8) seg_rows<8, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    else seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
     if (p.topk_K > 0) {
         __threadfence();
         __syncthreads();
@@ -271,8 +263,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 }
 
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
-    if (p->nseg < 1 || p->nseg > GEMV_MAXSEG)
-        return wren_errf(e, "gemv: bad segment count %d", p->nseg);
+    if (p->nseg < 1 || p->nseg > GEMV_MAXSEG) return wren_errf(e, "gemv: bad segment count %d", p->nseg);
     int cmax = 0;
     long groups_total = 0;
     for (int i = 0; i < p->nseg; i++) {
@@ -280,8 +271,8 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
         int bits = dmat_bits(g->a.type, g->a.bits);
         int epc = 128 / bits;
         if (g->a.cols != p->cols || p->cols % epc)
-            return wren_errf(e, "gemv: matrix of %d columns (%d-bit) cannot read an input of %d",
-                             g->a.cols, bits, p->cols);
+            return wren_errf(e, "gemv: matrix of %d columns (%d-bit) cannot read an input of %d", g->a.cols,
+                             bits, p->cols);
         if (g->epi == EPI_SWIGLU &&
             (g->b.type != g->a.type || g->b.bits != g->a.bits || g->b.group != g->a.group))
             return wren_errf(e, "gemv: gate and up projections must share one format");
@@ -301,14 +292,10 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
         nb += (g->rows + per_block_groups * per - 1) / (per_block_groups * per);
     }
     size_t smem = (size_t)xpad_len(p->cols) * sizeof(float);
-    if (smem > g_smem_optin)
-        return wren_errf(e, "gemv: input of %d columns does not fit in shared memory", p->cols);
-    void (*k)(const struct gemv_params) = tpr == 32    ? gemv_kernel<32>
-                                          : tpr == 64  ? gemv_kernel<64>
-                                          : tpr == 128 ? gemv_kernel<128>
-                                                       : gemv_kernel<256>;
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > g_smem_optin) return wren_errf(e, "gemv: input of %d columns does not fit in shared memory", p->cols);
+    void (*k)(const struct gemv_params) = tpr == 32 ? gemv_kernel<32> : tpr == 64 ? gemv_kernel<64>
+                                          : tpr == 128 ? gemv_kernel<128> : gemv_kernel<256>;
+    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     k<<<nb, GEMV_THREADS, smem, s>>>(*p);
     CUDA_CHECK_LAUNCH();
     return 0;

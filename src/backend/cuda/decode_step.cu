@@ -8,8 +8,7 @@ __global__ void set_pos_tok_kernel(int *pos, int p, int32_t *tok, int32_t t) {
     if (t >= 0) *tok = t;
 }
 
-int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s,
-                       struct wren_err *e) {
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e) {
     set_pos_tok_kernel<<<1, 1, 0, s>>>(ws->pos, pos, ws->tok, tok);
     CUDA_CHECK_LAUNCH();
     return 0;
@@ -25,8 +24,7 @@ static struct gemv_seg seg_of(const struct dmat *m, int epi, float *out) {
     return g;
 }
 
-static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L,
-                     struct wren_err *e) {
+static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L, struct wren_err *e) {
     const struct model_config *c = cx->cfg;
     const int K = c->n_experts > 0 ? c->top_k : 0;
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
@@ -168,8 +166,7 @@ static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cud
     return gemv_launch(&gp, cx->stream, e);
 }
 
-int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st,
-                   struct wren_err *e) {
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e) {
     const struct model_config *c = cx->cfg;
     if (embed_launch(&cx->dm.embed, ws->tok, ws->x, cx->stream, e)) return -1;
     int jd = 0, ja = 0;

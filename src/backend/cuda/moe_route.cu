@@ -109,76 +109,7 @@ __global__ void combine_kernel(float *x, const float *y, const int *slot, const 
     }
 }
 
-// Router logits in f32 from f32 activations and exactly dequantized weights (CUDA cores): top-k
-// choices flip on router-logit errors far below bf16 rounding. Block per RT tokens, thread per
-// expert; the tokens' activations pass through shared memory 64 inputs at a time.
-constexpr int RT = 32, RK = 64;
-
-__global__ void __launch_bounds__(256)
-    router_kernel(const float *x, int T, const struct dmat W, float *out) {
-    __shared__ __align__(16) float xs[RT][RK];
-    const int t0 = blockIdx.x * RT, H = W.cols, E = W.rows, nt = min(RT, T - t0);
-    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
-        const int ex = e0 + threadIdx.x;
-        const bool ok = ex < E;
-        const uint8_t *row = W.data + (size_t)(ok ? ex : 0) * W.row_stride;
-        const bf16 *sc =
-            reinterpret_cast<const bf16 *>(W.scales + (size_t)(ok ? ex : 0) * W.sb_row_stride);
-        const bf16 *bi =
-            reinterpret_cast<const bf16 *>(W.biases + (size_t)(ok ? ex : 0) * W.sb_row_stride);
-        float acc[RT];
-#pragma unroll
-        for (int r = 0; r < RT; r++) acc[r] = 0.f;
-        for (int k0 = 0; k0 < H; k0 += RK) {
-            __syncthreads();
-            for (int i = threadIdx.x; i < RT * RK; i += blockDim.x) {
-                const int r = i / RK, k = i % RK;
-                xs[r][k] = r < nt ? x[(size_t)(t0 + r) * H + k0 + k] : 0.f;
-            }
-            __syncthreads();
-            float w[RK];
-#pragma unroll
-            for (int k = 0; k < RK; k++) {
-                const int kk = k0 + k;
-                if (W.type == WT_F32) {
-                    w[k] = reinterpret_cast<const float *>(row)[kk];
-                } else if (W.type == WT_BF16) {
-                    w[k] = __bfloat162float(reinterpret_cast<const bf16 *>(row)[kk]);
-                } else {
-                    const int per = 32 / W.bits;
-                    const uint32_t word = reinterpret_cast<const uint32_t *>(row)[kk / per];
-                    const uint32_t q = (word >> (W.bits * (kk % per))) & ((1u << W.bits) - 1);
-                    w[k] = __bfloat162float(sc[kk / W.group]) * (float)q +
-                           __bfloat162float(bi[kk / W.group]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < RT; r++) {
-#pragma unroll
-                for (int k = 0; k < RK; k += 4) {
-                    const float4 xv = *reinterpret_cast<const float4 *>(&xs[r][k]);
-                    acc[r] = fmaf(w[k], xv.x, acc[r]);
-                    acc[r] = fmaf(w[k + 1], xv.y, acc[r]);
-                    acc[r] = fmaf(w[k + 2], xv.z, acc[r]);
-                    acc[r] = fmaf(w[k + 3], xv.w, acc[r]);
-                }
-            }
-        }
-        if (ok)
-            for (int r = 0; r < nt; r++) out[(size_t)(t0 + r) * E + ex] = acc[r];
-    }
-}
-
 } // namespace
-
-int pf_router_f32(cudaStream_t s, const float *x, int T, const struct dmat *W, float *out,
-                  struct wren_err *e) {
-    if (W->cols % RK != 0)
-        return wren_errf(e, "MoE router: hidden size %d is not a multiple of %d", W->cols, RK);
-    router_kernel<<<(T + RT - 1) / RT, 256, 0, s>>>(x, T, *W, out);
-    CUDA_CHECK_LAUNCH();
-    return 0;
-}
 
 int pf_moe_max_tiles(int T, int E, int k, int bm) {
     return (T * k + bm - 1) / bm + E;

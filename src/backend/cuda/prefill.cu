@@ -20,7 +20,7 @@ constexpr int LOGIT_ROWS = 32; // rows of lm_head per step when all positions' l
 struct prefill_ws {
     int cap; // tokens the buffers hold
     int32_t *tokens;
-    float *x, *xnf; // residual stream; normed input of the router in f32
+    float *x;
     bf16 *xn;
     // DeltaNet
     float *qkv, *qkvc, *ba, *o;
@@ -45,14 +45,16 @@ struct prefill_ws {
 namespace {
 
 void ws_free(struct prefill_ws *w) {
-    void *bufs[] = {w->tokens,    w->x,          w->xn,         w->xnf,
-                    w->qkv,       w->qkvc,       w->ba,         w->o,
-                    w->z,         w->y,          w->q,          w->k,
-                    w->v,         w->qb,         w->ao,         w->rl,
-                    w->ye,        w->sh,         w->shg,        w->h,
-                    w->shh,       w->lg,         w->rb.topk_id, w->rb.topk_w,
-                    w->rb.counts, w->rb.offsets, w->rb.cursor,  w->rb.sorted_tok,
-                    w->rb.slot,   w->rb.tiles,   w->rb.n_tiles};
+    void *bufs[] = {w->tokens,     w->x,         w->xn,
+                    w->qkv,        w->qkvc,      w->ba,
+                    w->o,          w->z,         w->y,
+                    w->q,          w->k,         w->v,
+                    w->qb,         w->ao,        w->rl,
+                    w->ye,         w->sh,        w->shg,
+                    w->h,          w->shh,       w->lg,
+                    w->rb.topk_id, w->rb.topk_w, w->rb.counts,
+                    w->rb.offsets, w->rb.cursor, w->rb.sorted_tok,
+                    w->rb.slot,    w->rb.tiles,  w->rb.n_tiles};
     for (void *b : bufs)
         if (b) cudaFree(b);
     memset(w, 0, offsetof(struct prefill_ws, prof)); // the profile fields survive a regrow
@@ -79,8 +81,8 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
     w->cap = T;
     w->bm = pf_gemm_group_bm((int)(T * K / E));
     w->rb.max_tiles = pf_moe_max_tiles(T, (int)E, (int)K, w->bm);
-    if (alloc(&w->tokens, T, e) || alloc(&w->x, T * H, e) || alloc(&w->xnf, T * H, e) ||
-        alloc(&w->xn, T * H, e) || alloc(&w->qkv, T * C, e) || alloc(&w->qkvc, T * C, e) ||
+    if (alloc(&w->tokens, T, e) || alloc(&w->x, T * H, e) || alloc(&w->xn, T * H, e) ||
+        alloc(&w->qkv, T * C, e) || alloc(&w->qkvc, T * C, e) ||
         alloc(&w->ba, T * 2 * c->dn_v_heads, e) || alloc(&w->o, T * V, e) ||
         alloc(&w->z, T * V, e) || alloc(&w->y, T * V, e) || alloc(&w->q, T * qd, e) ||
         alloc(&w->k, T * kvd, e) || alloc(&w->v, T * kvd, e) ||
@@ -170,7 +172,7 @@ int run_mlp(runner &r, const struct dlayer *L, int T) {
     }
     const int E = c->n_experts, K = c->top_k, I = c->expert_inter;
     r.phase(PF_ROUTE);
-    if (pf_router_f32(s, w->xnf, T, &L->router, w->rl, e) ||
+    if (pf_gemm(s, w->xn, H, T, &L->router, nullptr, w->rl, E, EPI_F32, nullptr, e) ||
         pf_moe_route(s, w->rl, T, E, K, c->norm_topk, w->bm, &w->rb, e))
         return -1;
     r.phase(PF_EXPERTS);
@@ -232,8 +234,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
     for (int l = 0; l < c->n_layers; l++) {
         const struct dlayer *L = &cx->dm.layers[l];
         r.phase(PF_OTHER);
-        if (pf_rmsnorm_bf16(s, w->x, L->input_norm, n, c->hidden, c->rms_eps, w->xn, nullptr, e))
-            return -1;
+        if (pf_rmsnorm_bf16(s, w->x, L->input_norm, n, c->hidden, c->rms_eps, w->xn, e)) return -1;
         int rc = L->kind == LAYER_ATTENTION
                      ? run_attention(r, L, st->k_cache[ia], st->v_cache[ia], pos, n)
                      : run_deltanet(r, L, st->conv[id], st->ssm[id], n);
@@ -241,16 +242,14 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
         ia += L->kind == LAYER_ATTENTION;
         id += L->kind != LAYER_ATTENTION;
         r.phase(PF_OTHER);
-        if (pf_rmsnorm_bf16(s, w->x, L->post_norm, n, c->hidden, c->rms_eps, w->xn,
-                            c->n_experts > 0 ? w->xnf : nullptr, e))
-            return -1;
+        if (pf_rmsnorm_bf16(s, w->x, L->post_norm, n, c->hidden, c->rms_eps, w->xn, e)) return -1;
         if (run_mlp(r, L, n)) return wren_err_prefix(e, "layer %d: ", l);
     }
     // Final norm and lm_head: the last row always (into st->logits); every row when asked.
     r.phase(PF_LOGITS);
     const int r0 = all_logits ? 0 : n - 1;
     if (pf_rmsnorm_bf16(s, w->x + (size_t)r0 * c->hidden, cx->dm.final_norm, n - r0, c->hidden,
-                        c->rms_eps, w->xn + (size_t)r0 * c->hidden, nullptr, e) ||
+                        c->rms_eps, w->xn + (size_t)r0 * c->hidden, e) ||
         run_logits(r, n - 1, 1, st->logits))
         return -1;
     if (all_logits && logits) {
@@ -258,11 +257,11 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
             const int m = n - t0 < LOGIT_ROWS ? n - t0 : LOGIT_ROWS;
             if (run_logits(r, t0, m, w->lg)) return -1;
             CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)t0 * c->vocab, w->lg,
-                                       sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
+                                   sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
         }
     } else if (logits) {
-        CUDA_CHECK(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab,
-                                   cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab, cudaMemcpyDeviceToHost,
+                               s));
     }
     r.phase(PF_OTHER);
     if (logits || w->prof) CUDA_CHECK(cudaStreamSynchronize(s));

@@ -59,9 +59,6 @@ struct moe_route_buf {
 int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool norm_topk, int bm,
                  const struct moe_route_buf *b, struct wren_err *e);
 int pf_moe_max_tiles(int T, int E, int k, int bm);
-// Router logits out[T, E] = x[T, H] (f32) * W^T with W dequantized exactly, in f32 (H % 64 == 0).
-int pf_router_f32(cudaStream_t s, const float *x, int T, const struct dmat *W, float *out,
-                  struct wren_err *e);
 // x[t] += sum_j topk_w[t,j] * y_sorted[slot[t,j]] + g[t] * sh[t] where g = sigmoid(sh_gate[2t])
 // (sh_gate has row stride 2; NULL: g = 1); sh NULL: no shared expert
 int pf_moe_combine(cudaStream_t s, float *x, const float *y_sorted, const int *slot,
@@ -71,9 +68,9 @@ int pf_moe_combine(cudaStream_t s, float *x, const float *y_sorted, const int *s
 // ---- small row kernels (prefill_ops.cu) ---------------------------------------------------------
 int pf_embed(cudaStream_t s, const struct dmat *emb, const int32_t *tokens, int T, float *x,
              struct wren_err *e);
-// out (bf16) = rmsnorm(x) * w, per row of H; also in f32 into out_f32 when non-NULL
+// out (bf16) = rmsnorm(x) * w, per row of H
 int pf_rmsnorm_bf16(cudaStream_t s, const float *x, const float *w, int T, int H, float eps,
-                    bf16 *out, float *out_f32, struct wren_err *e);
+                    bf16 *out, struct wren_err *e);
 
 // ---- gated DeltaNet (dn_chunk.cu) ---------------------------------------------------------------
 struct dn_dims {

@@ -29,8 +29,7 @@ __global__ void embed_kernel(const struct dmat emb, const int32_t *tokens, float
     }
 }
 
-__global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps, bf16 *out,
-                               float *out_f32) {
+__global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps, bf16 *out) {
     __shared__ float red[32];
     const float *row = x + (size_t)blockIdx.x * H;
     float ss = 0.f;
@@ -45,11 +44,8 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, int H, float eps,
     }
     __syncthreads();
     const float r = red[0];
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        const float v = row[i] * r * w[i];
-        out[(size_t)blockIdx.x * H + i] = __float2bfloat16(v);
-        if (out_f32) out_f32[(size_t)blockIdx.x * H + i] = v;
-    }
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        out[(size_t)blockIdx.x * H + i] = __float2bfloat16(row[i] * r * w[i]);
 }
 
 } // namespace
@@ -62,8 +58,8 @@ int pf_embed(cudaStream_t s, const struct dmat *emb, const int32_t *tokens, int 
 }
 
 int pf_rmsnorm_bf16(cudaStream_t s, const float *x, const float *w, int T, int H, float eps,
-                    bf16 *out, float *out_f32, struct wren_err *e) {
-    rmsnorm_kernel<<<T, 256, 0, s>>>(x, w, H, eps, out, out_f32);
+                    bf16 *out, struct wren_err *e) {
+    rmsnorm_kernel<<<T, 256, 0, s>>>(x, w, H, eps, out);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
