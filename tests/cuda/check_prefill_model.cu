@@ -380,28 +380,34 @@ std::vector<float> gpu_forward(gpu_model &g, const hmodel &m, const std::vector<
     return all;
 }
 
-void compare(const char *what, const std::vector<float> &a, const std::vector<float> &ref, int V,
-             double tol) {
+double top1(const std::vector<float> &a, const std::vector<float> &ref, int V) {
     const int n = (int)(ref.size() / V);
     int agree = 0;
     for (int t = 0; t < n; t++) {
         const float *x = &a[(size_t)t * V], *y = &ref[(size_t)t * V];
         agree += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
     }
-    char buf[200];
-    snprintf(buf, sizeof buf, "%s (top-1 %d/%d)", what, agree, n);
+    return (double)agree / n;
+}
+
+void compare(const char *what, const std::vector<float> &a, const std::vector<float> &ref, int V,
+             double tol, double top1_min = 0.98) {
+    const double t1 = top1(a, ref, V);
+    char buf[240];
+    snprintf(buf, sizeof buf, "%s (top-1 %.1f%%, min %.1f%%)", what, 100 * t1, 100 * top1_min);
     report(buf, rel_l2(a.data(), ref.data(), a.size()), tol);
-    if (agree < 0.98 * n) {
-        printf("  top-1 agreement below 98%%: FAIL\n");
+    if (t1 < top1_min) {
+        printf("  top-1 agreement below the minimum: FAIL\n");
         g_fail = 1;
     }
 }
 
 // The random model is sensitive: bf16 rounding alone (the CPU pass with rounding emulated) moves
 // its logits by ~2e-2 rel L2 vs f32, and a top-k router's near-ties flip experts. So the GPU is
-// held to that noise floor: rel L2 vs f32 <= max(2e-2, 1.5 x floor) and top-1 >= 98% where the
-// function is continuous (dense MLP, MoE selecting every expert); the top-k model is checked for
-// chunking consistency and its distance to the CPU is reported.
+// held to that noise floor: rel L2 vs f32 <= max(2e-2, 1.5 x floor) and top-1 >= min(98%, the
+// emulated pass's top-1 less 2 points) where the function is continuous (dense MLP, MoE selecting
+// every expert); the top-k model is checked for chunking consistency and its distance to the CPU is
+// reported.
 void run_model(int kind) {
     hmodel m = make_model(kind);
     const int n = 150, V = m.c.vocab;
@@ -421,7 +427,9 @@ void run_model(int kind) {
     if (kind < 2) {
         snprintf(what, sizeof what, "%s model: one chunk of 150 vs CPU f32 (floor %.1e)", name,
                  floor);
-        compare(what, one, ref, V, std::max(2e-2, 1.5 * floor));
+        // top-1: as good as the bf16-emulated CPU pass, less 2 points (it is noise too)
+        compare(what, one, ref, V, std::max(2e-2, 1.5 * floor),
+                std::min(0.98, top1(emu, ref, V) - 0.02));
     } else {
         printf(
             "%s model (info): one chunk vs CPU f32 %.3e, vs CPU bf16-emulated %.3e, floor %.3e\n",
