@@ -80,8 +80,7 @@ __device__ __forceinline__ void cp_async(void *smem, const void *g, int bytes) {
 
 // Inputs of CT steps are staged by cp.async into one of two buffers while the other is consumed,
 // so the sequential loop never waits on global memory.
-// NC columns per thread (2 when dv allows): k and q are read from shared memory once for both.
-template <int DK, int NC>
+template <int DK>
 __global__ void __launch_bounds__(SCAN_THREADS)
     scan_kernel(const float *qkvc, const float *ba, float *S, float *o, int T, int C, int kh,
                 int vh, int dv) {
@@ -89,10 +88,9 @@ __global__ void __launch_bounds__(SCAN_THREADS)
     // column then read 8 consecutive float4 of k and q, free of shared-memory bank conflicts.
     constexpr int R = DK / 8; // rows of S per thread
     __shared__ __align__(16) float qs[2][CT][DK], ks[2][CT][DK];
-    constexpr int COLS = SCAN_COLS * NC;
-    __shared__ __align__(16) float vs[2][CT][COLS];
+    __shared__ __align__(16) float vs[2][CT][SCAN_COLS];
     __shared__ float gs[2][CT], bs[2][CT];
-    const int h = blockIdx.y, j0 = blockIdx.x * COLS;
+    const int h = blockIdx.y, j0 = blockIdx.x * SCAN_COLS;
     const int tid = threadIdx.x, jj = tid >> 3, sl = tid & 7;
     const int khead = h / (vh / kh);
     const int qoff = khead * DK, koff = kh * DK + khead * DK, voff = 2 * kh * DK + h * dv + j0;
@@ -106,8 +104,8 @@ __global__ void __launch_bounds__(SCAN_THREADS)
             cp_async(&qs[buf][t][d], row + qoff + d, 16);
             cp_async(&ks[buf][t][d], row + koff + d, 16);
         }
-        for (int i = tid; i < n * COLS / 4; i += SCAN_THREADS) {
-            const int t = i / (COLS / 4), d = (i % (COLS / 4)) * 4;
+        for (int i = tid; i < n * SCAN_COLS / 4; i += SCAN_THREADS) {
+            const int t = i / (SCAN_COLS / 4), d = (i % (SCAN_COLS / 4)) * 4;
             cp_async(&vs[buf][t][d], qkvc + (size_t)(c0 + t) * C + voff + d, 16);
         }
         for (int t = tid; t < n; t += SCAN_THREADS) {
@@ -118,11 +116,9 @@ __global__ void __launch_bounds__(SCAN_THREADS)
     };
 
     auto row_of = [&](int i) { return ((i >> 2) * 8 + sl) * 4 + (i & 3); };
-    float st[NC][R];
+    float st[R];
 #pragma unroll
-    for (int c = 0; c < NC; c++)
-#pragma unroll
-        for (int i = 0; i < R; i++) st[c][i] = Sh[(size_t)row_of(i) * dv + j0 + jj + c * SCAN_COLS];
+    for (int i = 0; i < R; i++) st[i] = Sh[(size_t)row_of(i) * dv + j0 + jj];
 
     stage(0, 0);
     for (int c0 = 0, buf = 0; c0 < T; c0 += CT, buf ^= 1) {
@@ -143,70 +139,38 @@ __global__ void __launch_bounds__(SCAN_THREADS)
                 *reinterpret_cast<float4 *>(&qv[i]) =
                     *reinterpret_cast<const float4 *>(&qs[buf][t][row_of(i)]);
             }
-            // two partial sums per column halve the dependent FMA chains
-            float kS[NC];
+            // two partial sums halve the dependent FMA chain
+            float kS0 = 0.f, kS1 = 0.f;
 #pragma unroll
-            for (int c = 0; c < NC; c++) {
-                float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-                for (int i = 0; i < R; i += 2) {
-                    st[c][i] *= g;
-                    st[c][i + 1] *= g;
-                    a0 += st[c][i] * kv[i];
-                    a1 += st[c][i + 1] * kv[i + 1];
-                }
-                kS[c] = a0 + a1;
+            for (int i = 0; i < R; i += 2) {
+                st[i] *= g;
+                st[i + 1] *= g;
+                kS0 += st[i] * kv[i];
+                kS1 += st[i + 1] * kv[i + 1];
             }
+            float kS = kS0 + kS1;
+            kS += __shfl_xor_sync(~0u, kS, 1);
+            kS += __shfl_xor_sync(~0u, kS, 2);
+            kS += __shfl_xor_sync(~0u, kS, 4);
+            const float delta = beta * (vs[buf][t][jj] - kS);
+            float ov0 = 0.f, ov1 = 0.f;
 #pragma unroll
-            for (int m = 1; m < 8; m <<= 1)
-#pragma unroll
-                for (int c = 0; c < NC; c++) kS[c] += __shfl_xor_sync(~0u, kS[c], m);
-            float ov[NC];
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                const float delta = beta * (vs[buf][t][jj + c * SCAN_COLS] - kS[c]);
-                float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-                for (int i = 0; i < R; i += 2) {
-                    st[c][i] += kv[i] * delta;
-                    st[c][i + 1] += kv[i + 1] * delta;
-                    a0 += st[c][i] * qv[i];
-                    a1 += st[c][i + 1] * qv[i + 1];
-                }
-                ov[c] = a0 + a1;
+            for (int i = 0; i < R; i += 2) {
+                st[i] += kv[i] * delta;
+                st[i + 1] += kv[i + 1] * delta;
+                ov0 += st[i] * qv[i];
+                ov1 += st[i + 1] * qv[i + 1];
             }
-#pragma unroll
-            for (int m = 1; m < 8; m <<= 1)
-#pragma unroll
-                for (int c = 0; c < NC; c++) ov[c] += __shfl_xor_sync(~0u, ov[c], m);
-            if (sl == 0)
-#pragma unroll
-                for (int c = 0; c < NC; c++)
-                    o[(size_t)(c0 + t) * vh * dv + h * dv + j0 + jj + c * SCAN_COLS] = ov[c];
+            float ov = ov0 + ov1;
+            ov += __shfl_xor_sync(~0u, ov, 1);
+            ov += __shfl_xor_sync(~0u, ov, 2);
+            ov += __shfl_xor_sync(~0u, ov, 4);
+            if (sl == 0) o[(size_t)(c0 + t) * vh * dv + h * dv + j0 + jj] = ov;
         }
         __syncthreads(); // buffer `buf` is refilled by the next iteration's stage
     }
 #pragma unroll
-    for (int c = 0; c < NC; c++)
-#pragma unroll
-        for (int i = 0; i < R; i++) Sh[(size_t)row_of(i) * dv + j0 + jj + c * SCAN_COLS] = st[c][i];
-}
-
-template <int NC>
-int launch_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba,
-                float *S, float *o, int C, struct wren_err *e) {
-    dim3 grid(d->dv / (SCAN_COLS * NC), d->vh);
-    if (d->dk == 32)
-        scan_kernel<32, NC>
-            <<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
-    else if (d->dk == 64)
-        scan_kernel<64, NC>
-            <<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
-    else
-        scan_kernel<128, NC>
-            <<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
-    CUDA_CHECK_LAUNCH();
-    return 0;
+    for (int i = 0; i < R; i++) Sh[(size_t)row_of(i) * dv + j0 + jj] = st[i];
 }
 
 // Warp per (token, value head): y = rmsnorm(o) * w * silu(z), in f32, stored bf16.
@@ -250,10 +214,22 @@ int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const 
                          "DeltaNet: value dim %d (must be a multiple of %d) or heads %d/%d "
                          "not supported",
                          d->dv, SCAN_COLS, d->vh, d->kh);
-    if (d->dk != 32 && d->dk != 64 && d->dk != 128)
+    dim3 grid(d->dv / SCAN_COLS, d->vh);
+    switch (d->dk) {
+    case 32:
+        scan_kernel<32><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
+        break;
+    case 64:
+        scan_kernel<64><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
+        break;
+    case 128:
+        scan_kernel<128><<<grid, SCAN_THREADS, 0, s>>>(qkv, ba, S, o, d->T, C, d->kh, d->vh, d->dv);
+        break;
+    default:
         return wren_errf(e, "DeltaNet: key dim %d not supported (32, 64, 128)", d->dk);
-    if (d->dv % (2 * SCAN_COLS) == 0) return launch_scan<2>(s, d, qkv, ba, S, o, C, e);
-    return launch_scan<1>(s, d, qkv, ba, S, o, C, e);
+    }
+    CUDA_CHECK_LAUNCH();
+    return 0;
 }
 
 int pf_dn_gate_norm(cudaStream_t s, const struct dn_dims *d, const float *o, const bf16 *z,
