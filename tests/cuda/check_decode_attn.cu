@@ -29,12 +29,14 @@ static void t_attn(struct acase c) {
     const int max_ctx = c.ctx + c.steps + 1, G = c.nh / c.nkv;
     const size_t row = (size_t)c.nkv * c.hd;
     std::vector<uint16_t> kc(max_ctx * row, 0), vc(max_ctx * row, 0);
-    for (size_t i = 0; i < (size_t)c.ctx * row; i++) kc[i] = f32_to_bf16(rnd_f(-1.5f, 1.5f)), vc[i] = f32_to_bf16(rnd_f(-1, 1));
+    for (size_t i = 0; i < (size_t)c.ctx * row; i++)
+        kc[i] = f32_to_bf16(rnd_f(-1.5f, 1.5f)), vc[i] = f32_to_bf16(rnd_f(-1, 1));
     uint16_t *dkc = dev_copy(kc), *dvc = dev_copy(vc);
     std::vector<float> qn = rnd_vec(c.hd, 0.5f, 1.5f), kn = rnd_vec(c.hd, 0.5f, 1.5f);
     float *dqn = dev_copy(qn), *dkn = dev_copy(kn);
     const int qgw = c.hd * (c.gate ? 2 : 1);
-    float *dqg, *dk, *dv, *dq = dev_poison((size_t)c.nh * c.hd), *dout = dev_poison((size_t)c.nh * c.hd);
+    float *dqg, *dk, *dv, *dq = dev_poison((size_t)c.nh * c.hd),
+                          *dout = dev_poison((size_t)c.nh * c.hd);
     float *part = dev_poison((size_t)c.splits * c.nh * (c.hd + 2));
     int *dpos;
     CK(cudaMalloc(&dqg, (size_t)c.nh * qgw * 4));
@@ -44,16 +46,20 @@ static void t_attn(struct acase c) {
     std::vector<float> want((size_t)c.nh * c.hd);
     for (int st = 0; st < c.steps; st++) {
         const int pos = c.ctx + st;
-        std::vector<float> qg = rnd_vec((size_t)c.nh * qgw, -2, 2), k = rnd_vec(row, -2, 2), v = rnd_vec(row, -1, 1);
+        std::vector<float> qg = rnd_vec((size_t)c.nh * qgw, -2, 2), k = rnd_vec(row, -2, 2),
+                           v = rnd_vec(row, -1, 1);
         CK(cudaMemcpy(dqg, qg.data(), qg.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dk, k.data(), row * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dv, v.data(), row * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
         struct attn_params p;
         memset(&p, 0, sizeof p);
-        p.qg = dqg, p.k = dk, p.v = dv, p.q_norm = dqn, p.k_norm = dkn, p.kc = dkc, p.vc = dvc, p.pos = dpos;
-        p.n_heads = c.nh, p.n_kv = c.nkv, p.hd = c.hd, p.rope_dim = c.rope, p.rope_theta = 1e7f, p.eps = 1e-6f;
-        p.gate = c.gate, p.max_ctx = max_ctx, p.splits = c.splits, p.q_ws = dq, p.part = part, p.out = dout;
+        p.qg = dqg, p.k = dk, p.v = dv, p.q_norm = dqn, p.k_norm = dkn, p.kc = dkc, p.vc = dvc,
+        p.pos = dpos;
+        p.n_heads = c.nh, p.n_kv = c.nkv, p.hd = c.hd, p.rope_dim = c.rope, p.rope_theta = 1e7f,
+        p.eps = 1e-6f;
+        p.gate = c.gate, p.max_ctx = max_ctx, p.splits = c.splits, p.q_ws = dq, p.part = part,
+        p.out = dout;
         WK(attn_launch(&p, 0, &err_));
         // host: append k, v (bf16), attend
         for (int h = 0; h < c.nkv; h++) {
@@ -62,7 +68,8 @@ static void t_attn(struct acase c) {
             host_rope(kk, pos, c.rope, 1e7f);
             for (int d = 0; d < c.hd; d++)
                 kc[(size_t)pos * row + h * c.hd + d] = f32_to_bf16(kk[d]),
-                                                 vc[(size_t)pos * row + h * c.hd + d] = f32_to_bf16(v[(size_t)h * c.hd + d]);
+                                                  vc[(size_t)pos * row + h * c.hd + d] =
+                                                      f32_to_bf16(v[(size_t)h * c.hd + d]);
         }
         for (int h = 0; h < c.nh; h++) {
             std::vector<float> q(&qg[(size_t)h * qgw], &qg[(size_t)h * qgw] + c.hd);
@@ -73,7 +80,8 @@ static void t_attn(struct acase c) {
             double mx = -1e300;
             for (int t = 0; t <= pos; t++) {
                 double d = 0;
-                for (int j = 0; j < c.hd; j++) d += (double)q[j] * bf16_to_f32(kc[(size_t)t * row + kvh * c.hd + j]);
+                for (int j = 0; j < c.hd; j++)
+                    d += (double)q[j] * bf16_to_f32(kc[(size_t)t * row + kvh * c.hd + j]);
                 s[t] = d / sqrt((double)c.hd);
                 mx = fmax(mx, s[t]);
             }
@@ -81,7 +89,8 @@ static void t_attn(struct acase c) {
             for (int t = 0; t <= pos; t++) den += (s[t] = exp(s[t] - mx));
             for (int j = 0; j < c.hd; j++) {
                 double o = 0;
-                for (int t = 0; t <= pos; t++) o += s[t] * bf16_to_f32(vc[(size_t)t * row + kvh * c.hd + j]);
+                for (int t = 0; t <= pos; t++)
+                    o += s[t] * bf16_to_f32(vc[(size_t)t * row + kvh * c.hd + j]);
                 o /= den;
                 if (c.gate) o *= 1 / (1 + exp(-(double)qg[(size_t)h * qgw + c.hd + j]));
                 want[(size_t)h * c.hd + j] = (float)o;
@@ -89,8 +98,8 @@ static void t_attn(struct acase c) {
         }
     }
     char name[160];
-    snprintf(name, sizeof name, "attention h%d/kv%d d%d rope%d%s ctx %d (+%d steps) splits %d", c.nh, c.nkv, c.hd, c.rope,
-             c.gate ? " gate" : "", c.ctx, c.steps, c.splits);
+    snprintf(name, sizeof name, "attention h%d/kv%d d%d rope%d%s ctx %d (+%d steps) splits %d",
+             c.nh, c.nkv, c.hd, c.rope, c.gate ? " gate" : "", c.ctx, c.steps, c.splits);
     check_close(name, host_copy(dout, want.size()).data(), want.data(), want.size(), 2e-3f, 2e-2f);
     const size_t nrow = (size_t)(c.ctx + c.steps) * row;
     std::vector<uint16_t> gk = host_copy(dkc, nrow);
@@ -107,10 +116,16 @@ int main(void) {
     init_device();
     const int S = attn_splits(2);
     struct acase cs[] = {
-        {16, 2, 256, 64, 1, 0, S, 1},      {16, 2, 256, 64, 1, 0, S, 70},   {16, 2, 256, 64, 1, 63, S, 3},
-        {16, 2, 256, 64, 1, 1000, 1, 1},   {16, 2, 256, 64, 1, 4095, S, 2}, {16, 2, 256, 64, 1, 40000, S, 1},
-        {16, 2, 256, 64, 0, 777, S, 1},    {8, 4, 128, 32, 1, 300, attn_splits(4), 2},
-        {4, 4, 64, 64, 1, 129, attn_splits(4), 2}, {32, 2, 128, 128, 1, 2000, S, 1},
+        {16, 2, 256, 64, 1, 0, S, 1},
+        {16, 2, 256, 64, 1, 0, S, 70},
+        {16, 2, 256, 64, 1, 63, S, 3},
+        {16, 2, 256, 64, 1, 1000, 1, 1},
+        {16, 2, 256, 64, 1, 4095, S, 2},
+        {16, 2, 256, 64, 1, 40000, S, 1},
+        {16, 2, 256, 64, 0, 777, S, 1},
+        {8, 4, 128, 32, 1, 300, attn_splits(4), 2},
+        {4, 4, 64, 64, 1, 129, attn_splits(4), 2},
+        {32, 2, 128, 128, 1, 2000, S, 1},
     };
     for (auto &c : cs) t_attn(c);
     return finish("check_decode_attn");

@@ -3,7 +3,8 @@
 // (device-indexed) experts, and the router finisher (softmax, top-k with ties, renormalisation).
 #include "common_check.cuh"
 
-static void host_norm(std::vector<float> &xn, const std::vector<float> &x, const std::vector<float> &w, float eps) {
+static void host_norm(std::vector<float> &xn, const std::vector<float> &x,
+                      const std::vector<float> &w, float eps) {
     double ss = 0;
     for (float v : x) ss += (double)v * v;
     float r = 1.f / sqrtf((float)(ss / x.size()) + eps);
@@ -12,7 +13,8 @@ static void host_norm(std::vector<float> &xn, const std::vector<float> &x, const
 }
 
 static void t_plain(int bits, int group, int rows1, int rows2, int cols, bool norm) {
-    struct tmat A = make_mat(1, rows1, cols, bits, group), B = make_mat(3, rows2, cols, bits, group);
+    struct tmat A = make_mat(1, rows1, cols, bits, group),
+                B = make_mat(3, rows2, cols, bits, group);
     std::vector<float> x = rnd_vec(cols, -2, 2), nw = rnd_vec(cols, 0.5f, 1.5f), xn;
     std::vector<float> res = rnd_vec(rows2, -1, 1);
     float *dx = dev_copy(x), *dnw = dev_copy(nw), *o1 = dev_poison(rows1), *o2 = dev_copy(res);
@@ -20,24 +22,30 @@ static void t_plain(int bits, int group, int rows1, int rows2, int cols, bool no
     memset(&p, 0, sizeof p);
     p.x = dx, p.cols = cols, p.norm_w = norm ? dnw : nullptr, p.eps = 1e-6f;
     p.seg[0].a = A.d, p.seg[0].rows = rows1, p.seg[0].epi = EPI_STORE, p.seg[0].out = o1;
-    p.seg[1].a = B.d, p.seg[1].rows = rows2, p.seg[1].epi = EPI_ADD, p.seg[1].out = o2, p.seg[1].mat = 2;
+    p.seg[1].a = B.d, p.seg[1].rows = rows2, p.seg[1].epi = EPI_ADD, p.seg[1].out = o2,
+    p.seg[1].mat = 2;
     p.nseg = 2;
     WK(gemv_launch(&p, 0, &err_));
-    if (norm) host_norm(xn, x, nw, 1e-6f);
-    else xn = x;
+    if (norm)
+        host_norm(xn, x, nw, 1e-6f);
+    else
+        xn = x;
     std::vector<float> w1(rows1), w2(rows2);
     for (int r = 0; r < rows1; r++) w1[r] = ref_dot(A, 0, r, xn.data());
     for (int r = 0; r < rows2; r++) w2[r] = res[r] + ref_dot(B, 2, r, xn.data());
     char name[128];
-    snprintf(name, sizeof name, "gemv b%d g%d %dx%d%s store", bits, group, rows1, cols, norm ? " norm" : "");
+    snprintf(name, sizeof name, "gemv b%d g%d %dx%d%s store", bits, group, rows1, cols,
+             norm ? " norm" : "");
     check_close(name, host_copy(o1, rows1).data(), w1.data(), rows1, 2e-3f, 2e-3f);
-    snprintf(name, sizeof name, "gemv b%d g%d %dx%d%s add (mat 2)", bits, group, rows2, cols, norm ? " norm" : "");
+    snprintf(name, sizeof name, "gemv b%d g%d %dx%d%s add (mat 2)", bits, group, rows2, cols,
+             norm ? " norm" : "");
     check_close(name, host_copy(o2, rows2).data(), w2.data(), rows2, 2e-3f, 2e-3f);
 }
 
 static void t_conv(int bits, int rows, int cols, int K) {
     struct tmat A = make_mat(1, rows, cols, bits, 64);
-    std::vector<float> cw = rnd_vec((size_t)rows * K, -0.5f, 0.5f), cs = rnd_vec((size_t)rows * (K - 1), -1, 1);
+    std::vector<float> cw = rnd_vec((size_t)rows * K, -0.5f, 0.5f),
+                       cs = rnd_vec((size_t)rows * (K - 1), -1, 1);
     float *dcw = dev_copy(cw), *dcs = dev_copy(cs), *out = dev_poison(rows);
     std::vector<float> want(rows), st = cs;
     for (int step = 0; step < 3; step++) {
@@ -71,11 +79,14 @@ static void t_conv(int bits, int rows, int cols, int K) {
 // Router + finisher, then gate/up SWIGLU of the routed experts and the shared expert.
 static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties, bool norm_topk) {
     struct tmat R = make_mat(1, E, hidden, 8, 64), G1 = make_mat(1, 1, hidden, 8, 64);
-    struct tmat Gt = make_mat(E, inter, hidden, bits, 64), Up = make_mat(E, inter, hidden, bits, 64);
-    struct tmat Sg = make_mat(1, inter, hidden, bits, 64), Su = make_mat(1, inter, hidden, bits, 64);
+    struct tmat Gt = make_mat(E, inter, hidden, bits, 64),
+                Up = make_mat(E, inter, hidden, bits, 64);
+    struct tmat Sg = make_mat(1, inter, hidden, bits, 64),
+                Su = make_mat(1, inter, hidden, bits, 64);
     std::vector<float> x = rnd_vec(hidden, -2, 2), nw = rnd_vec(hidden, 0.5f, 1.5f), xn;
     host_norm(xn, x, nw, 1e-6f);
-    float *dx = dev_copy(x), *dnw = dev_copy(nw), *rlog = dev_poison(E + 1), *wts = dev_poison(K + 1);
+    float *dx = dev_copy(x), *dnw = dev_copy(nw), *rlog = dev_poison(E + 1),
+          *wts = dev_poison(K + 1);
     float *act = dev_poison((size_t)(K + 1) * inter);
     int *ids;
     unsigned *counter;
@@ -86,15 +97,19 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
     if (ties) {
         // force exact ties: make router rows equal in pairs by copying rows on the device
         for (int r = 1; r < E; r += 2) {
-            CK(cudaMemcpy((uint8_t *)R.d.data + r * R.d.row_stride, R.d.data + (r - 1) * R.d.row_stride, R.d.row_stride,
+            CK(cudaMemcpy((uint8_t *)R.d.data + r * R.d.row_stride,
+                          R.d.data + (r - 1) * R.d.row_stride, R.d.row_stride,
                           cudaMemcpyDeviceToDevice));
-            CK(cudaMemcpy((uint8_t *)R.d.scales + r * R.d.sb_row_stride, R.d.scales + (r - 1) * R.d.sb_row_stride,
-                          R.d.sb_row_stride, cudaMemcpyDeviceToDevice));
-            CK(cudaMemcpy((uint8_t *)R.d.biases + r * R.d.sb_row_stride, R.d.biases + (r - 1) * R.d.sb_row_stride,
-                          R.d.sb_row_stride, cudaMemcpyDeviceToDevice));
+            CK(cudaMemcpy((uint8_t *)R.d.scales + r * R.d.sb_row_stride,
+                          R.d.scales + (r - 1) * R.d.sb_row_stride, R.d.sb_row_stride,
+                          cudaMemcpyDeviceToDevice));
+            CK(cudaMemcpy((uint8_t *)R.d.biases + r * R.d.sb_row_stride,
+                          R.d.biases + (r - 1) * R.d.sb_row_stride, R.d.sb_row_stride,
+                          cudaMemcpyDeviceToDevice));
         }
         for (int r = 1; r < E; r += 2)
-            memcpy(&R.w[(size_t)r * hidden], &R.w[(size_t)(r - 1) * hidden], hidden * sizeof(float));
+            memcpy(&R.w[(size_t)r * hidden], &R.w[(size_t)(r - 1) * hidden],
+                   hidden * sizeof(float));
     }
     for (int r = 0; r < E; r++) lg[r] = ref_dot(R, 0, r, xn.data());
     lg[E] = ref_dot(G1, 0, 0, xn.data());
@@ -136,9 +151,11 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
     std::vector<int> gids = host_copy(ids, K);
     bool same = true;
     for (int k = 0; k < K; k++) same &= gids[k] == sel[k];
-    snprintf(name, sizeof name, "router top-%d ids of %d%s", K, E, ties ? " (ties: lower id first)" : "");
+    snprintf(name, sizeof name, "router top-%d ids of %d%s", K, E,
+             ties ? " (ties: lower id first)" : "");
     check_true(name, same);
-    snprintf(name, sizeof name, "router weights%s + shared gate", norm_topk ? " (renormalised)" : "");
+    snprintf(name, sizeof name, "router weights%s + shared gate",
+             norm_topk ? " (renormalised)" : "");
     check_close(name, host_copy(wts, K + 1).data(), sw.data(), K + 1, 1e-5f, 1e-4f);
     CK(cudaMemcpy(ids, sel.data(), K * 4, cudaMemcpyHostToDevice));
     // gate/up
@@ -150,7 +167,8 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
         g.out = act + (size_t)k * inter, g.scale = wts;
     }
     struct gemv_seg &g = p.seg[p.nseg++];
-    g.a = Sg.d, g.b = Su.d, g.slot = K, g.rows = inter, g.epi = EPI_SWIGLU, g.out = act + (size_t)K * inter, g.scale = wts;
+    g.a = Sg.d, g.b = Su.d, g.slot = K, g.rows = inter, g.epi = EPI_SWIGLU,
+    g.out = act + (size_t)K * inter, g.scale = wts;
     WK(gemv_launch(&p, 0, &err_));
     std::vector<float> want((size_t)(K + 1) * inter);
     for (int k = 0; k <= K; k++)

@@ -7,12 +7,14 @@ static void t_down(int bits, int sh_bits, int E, int K, int inter, int sh_inter,
     struct tmat S = make_mat(1, hidden, sh_inter > 0 ? sh_inter : 64, sh_bits, 64);
     std::vector<int> ids(K);
     for (int k = 0; k < K; k++) ids[k] = (int)(rnd_u32() % E); // repeats allowed
-    std::vector<float> act = rnd_vec((size_t)K * inter + sh_inter, -1, 1), res = rnd_vec(hidden, -1, 1);
+    std::vector<float> act = rnd_vec((size_t)K * inter + sh_inter, -1, 1),
+                       res = rnd_vec(hidden, -1, 1);
     int *dids = dev_copy(ids);
     float *dact = dev_copy(act), *out = dev_copy(res);
     struct moe_down_params p;
     memset(&p, 0, sizeof p);
-    p.down = D.d, p.sh_down = S.d, p.ids = dids, p.K = K, p.act = dact, p.inter = inter, p.sh_inter = sh_inter;
+    p.down = D.d, p.sh_down = S.d, p.ids = dids, p.K = K, p.act = dact, p.inter = inter,
+    p.sh_inter = sh_inter;
     p.out = out, p.hidden = hidden;
     WK(moe_down_launch(&p, 0, &err_));
     std::vector<float> want(hidden);
@@ -23,7 +25,8 @@ static void t_down(int bits, int sh_bits, int E, int K, int inter, int sh_inter,
         want[o] = (float)s;
     }
     char name[128];
-    snprintf(name, sizeof name, "moe down b%d (shared b%d) K%d %dx%d +%d", bits, sh_bits, K, hidden, inter, sh_inter);
+    snprintf(name, sizeof name, "moe down b%d (shared b%d) K%d %dx%d +%d", bits, sh_bits, K, hidden,
+             inter, sh_inter);
     check_close(name, host_copy(out, hidden).data(), want.data(), hidden, 2e-3f, 2e-3f);
 }
 

@@ -44,9 +44,12 @@ static struct sbuf mk(int vocab) {
 static struct sample_params base(const struct sbuf &b) {
     struct sample_params p;
     memset(&p, 0, sizeof p);
-    p.logits = b.logits, p.n_vocab = b.vocab, p.temperature = 0, p.top_p = 1, p.repetition = 1, p.n_logprobs = -1;
-    p.counts = b.counts, p.seen = b.seen, p.work = b.work, p.argmax = b.argmax, p.counter = b.counter;
-    p.tok_out = b.tok, p.step = b.step, p.pos = b.pos, p.advance_pos = 1, p.ring = b.ring_dev, p.ring_n = 8;
+    p.logits = b.logits, p.n_vocab = b.vocab, p.temperature = 0, p.top_p = 1, p.repetition = 1,
+    p.n_logprobs = -1;
+    p.counts = b.counts, p.seen = b.seen, p.work = b.work, p.argmax = b.argmax,
+    p.counter = b.counter;
+    p.tok_out = b.tok, p.step = b.step, p.pos = b.pos, p.advance_pos = 1, p.ring = b.ring_dev,
+    p.ring_n = 8;
     p.seed = 42;
     return p;
 }
@@ -74,7 +77,8 @@ static void t_greedy(int vocab) {
     CK(cudaMemcpy(&pos, b.pos, 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&cnt, b.counts + vocab / 3, 4, cudaMemcpyDeviceToHost));
     char name[128];
-    snprintf(name, sizeof name, "greedy argmax vocab %d (tie -> lower id, id >= n_vocab skipped)", vocab);
+    snprintf(name, sizeof name, "greedy argmax vocab %d (tie -> lower id, id >= n_vocab skipped)",
+             vocab);
     check_true(name, t == vocab / 3 && tok == t && step == 1 && pos == 1 && cnt == 1);
     // the same through the full kernel (logprobs requested forces it)
     p.n_logprobs = 3;
@@ -84,7 +88,8 @@ static void t_greedy(int vocab) {
     for (int i = 0; i < vocab - 1; i++) z += exp(l[i] - mx);
     const struct sampled_token &r = b.ring[1];
     bool ok = t2 == vocab / 3 && r.n_top == 3 && fabs(r.logprob - (l[t2] - mx - log(z))) < 1e-3 &&
-              r.top_id[0] == vocab / 3 && r.top_id[1] == vocab / 2 && fabs(r.top_logprob[1] - (9 - mx - log(z))) < 1e-3;
+              r.top_id[0] == vocab / 3 && r.top_id[1] == vocab / 2 &&
+              fabs(r.top_logprob[1] - (9 - mx - log(z))) < 1e-3;
     snprintf(name, sizeof name, "greedy + logprobs (full sampler) vocab %d", vocab);
     check_true(name, ok);
 }
@@ -95,7 +100,8 @@ static void t_penalties(void) {
     std::vector<float> l = rnd_vec(V, -3, 3);
     std::vector<int> counts(V, 0);
     std::vector<uint8_t> seen(V, 0);
-    for (int i = 0; i < 200; i++) counts[rnd_u32() % V] += 1 + rnd_u32() % 3, seen[rnd_u32() % V] = 1;
+    for (int i = 0; i < 200; i++)
+        counts[rnd_u32() % V] += 1 + rnd_u32() % 3, seen[rnd_u32() % V] = 1;
     for (int i = 0; i < V; i++) seen[i] |= counts[i] > 0;
     CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
     struct sample_params p = base(b);
@@ -120,7 +126,8 @@ static void t_penalties(void) {
 }
 
 // Draws n samples; checks support and frequencies against the expected distribution.
-static void t_dist(const char *what, int V, float temp, int top_k, float top_p, float min_p, int n) {
+static void t_dist(const char *what, int V, float temp, int top_k, float top_p, float min_p,
+                   int n) {
     struct sbuf b = mk(V);
     std::vector<float> l = rnd_vec(V, -2, 2);
     for (int i = 0; i < 6; i++) l[rnd_u32() % V] += 3.f;
@@ -128,7 +135,8 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     // expected: HF order — temperature, top-k, top-p, min-p
     std::vector<int> ord(V);
     for (int i = 0; i < V; i++) ord[i] = i;
-    std::sort(ord.begin(), ord.end(), [&](int a, int c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
+    std::sort(ord.begin(), ord.end(),
+              [&](int a, int c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
     int keep = top_k > 0 && top_k < V ? top_k : V;
     double mx = l[ord[0]] / temp, z = 0;
     std::vector<double> pr(V, 0);
@@ -152,8 +160,10 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     bool support = true;
     for (int i = 0; i < n; i++) {
         int t = draw(p, b);
-        if (t < 0 || t >= V || pr[t] == 0) support = false;
-        else hits[t]++;
+        if (t < 0 || t >= V || pr[t] == 0)
+            support = false;
+        else
+            hits[t]++;
         if (i < 50) seq.push_back(t);
     }
     double worst = 0;
@@ -161,7 +171,8 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     char name[160];
     snprintf(name, sizeof name, "%s: support of %d draws", what, n);
     check_true(name, support);
-    snprintf(name, sizeof name, "%s: max |freq - p| = %.4f (< %.3f)", what, worst, 4.0 / sqrt((double)n));
+    snprintf(name, sizeof name, "%s: max |freq - p| = %.4f (< %.3f)", what, worst,
+             4.0 / sqrt((double)n));
     check_true(name, worst < 4.0 / sqrt((double)n));
     // determinism: same seed and step -> same draws
     CK(cudaMemset(b.step, 0, 4));

@@ -16,23 +16,24 @@ extern "C" {
 
 static int g_fail = 0, g_pass = 0;
 
-#define DIE_IF(cond, ...)                                                                        \
-    do {                                                                                         \
-        if (cond) {                                                                              \
-            fprintf(stderr, __VA_ARGS__);                                                        \
-            fprintf(stderr, "\n");                                                               \
-            exit(2);                                                                             \
-        }                                                                                        \
+#define DIE_IF(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            exit(2);                                                                               \
+        }                                                                                          \
     } while (0)
-#define CK(call)                                                                                 \
-    do {                                                                                         \
-        cudaError_t rc_ = (call);                                                                \
-        DIE_IF(rc_ != cudaSuccess, "%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(rc_)); \
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t rc_ = (call);                                                                  \
+        DIE_IF(rc_ != cudaSuccess, "%s:%d: %s: %s", __FILE__, __LINE__, #call,                     \
+               cudaGetErrorString(rc_));                                                           \
     } while (0)
-#define WK(call)                                                                                 \
-    do {                                                                                         \
-        struct wren_err err_;                                                                    \
-        DIE_IF((call) != 0, "%s:%d: %s", __FILE__, __LINE__, err_.msg);                          \
+#define WK(call)                                                                                   \
+    do {                                                                                           \
+        struct wren_err err_;                                                                      \
+        DIE_IF((call) != 0, "%s:%d: %s", __FILE__, __LINE__, err_.msg);                            \
     } while (0)
 
 static uint64_t g_rng = 0x1234567887654321ull;
@@ -40,8 +41,12 @@ static inline uint32_t rnd_u32(void) {
     g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
     return (uint32_t)(g_rng >> 16);
 }
-static inline float rnd_f(float lo, float hi) { return lo + (hi - lo) * (rnd_u32() & 0xFFFFFF) / 16777216.f; }
-static inline float bfr(float x) { return bf16_to_f32(f32_to_bf16(x)); } // round through bf16
+static inline float rnd_f(float lo, float hi) {
+    return lo + (hi - lo) * (rnd_u32() & 0xFFFFFF) / 16777216.f;
+}
+static inline float bfr(float x) {
+    return bf16_to_f32(f32_to_bf16(x));
+} // round through bf16
 
 template <typename T> static T *dev_copy(const std::vector<T> &h) {
     T *d;
@@ -72,7 +77,8 @@ static struct tmat make_mat(int n, int rows, int cols, int bits, int group) {
     struct tmat t;
     memset(&t.d, 0, sizeof t.d);
     t.d.type = bits == 16 ? WT_BF16 : bits == 8 ? WT_Q8 : WT_Q4;
-    t.d.n = n, t.d.rows = rows, t.d.cols = cols, t.d.bits = bits == 16 ? 0 : bits, t.d.group = group;
+    t.d.n = n, t.d.rows = rows, t.d.cols = cols, t.d.bits = bits == 16 ? 0 : bits,
+    t.d.group = group;
     t.w.resize((size_t)n * rows * cols);
     t.d.row_stride = (size_t)cols * bits / 8;
     t.d.mat_stride = t.d.row_stride * rows;
@@ -100,7 +106,8 @@ static struct tmat make_mat(int n, int rows, int cols, int bits, int group) {
             for (int c = 0; c < cols; c++) {
                 uint32_t q = rnd_u32() & ((1u << bits) - 1);
                 words[r * (cols / per) + c / per] |= q << (bits * (c % per));
-                t.w[r * cols + c] = bf16_to_f32(sc[r * ng + c / group]) * (float)q + bf16_to_f32(bi[r * ng + c / group]);
+                t.w[r * cols + c] = bf16_to_f32(sc[r * ng + c / group]) * (float)q +
+                                    bf16_to_f32(bi[r * ng + c / group]);
             }
         }
         t.d.scales = (const uint8_t *)dev_copy(sc);
@@ -125,7 +132,8 @@ static std::vector<float> rnd_vec(size_t n, float lo, float hi) {
 }
 
 // Compares got vs want: max |d| <= atol + rtol*|want| elementwise, and no NaN.
-static bool check_close(const char *what, const float *got, const float *want, size_t n, float atol, float rtol) {
+static bool check_close(const char *what, const float *got, const float *want, size_t n, float atol,
+                        float rtol) {
     size_t bad = 0, first = 0;
     double maxerr = 0;
     for (size_t i = 0; i < n; i++) {
@@ -137,8 +145,8 @@ static bool check_close(const char *what, const float *got, const float *want, s
         if (d > maxerr || d != d) maxerr = d != d ? INFINITY : d;
     }
     if (bad) {
-        printf("FAIL %-48s %zu/%zu bad (first %zu: got %g want %g), max err %.3g\n", what, bad, n, first,
-               got[first], want[first], maxerr);
+        printf("FAIL %-48s %zu/%zu bad (first %zu: got %g want %g), max err %.3g\n", what, bad, n,
+               first, got[first], want[first], maxerr);
         g_fail++;
         return false;
     }

@@ -14,12 +14,12 @@ extern "C" {
 
 // Turns a failing CUDA call into a wren_err and returns -1 from the enclosing function.
 // `e` must be a struct wren_err * in scope.
-#define CUDA_CHECK(call)                                                                        \
-    do {                                                                                        \
-        cudaError_t cuda_check_rc_ = (call);                                                    \
-        if (cuda_check_rc_ != cudaSuccess)                                                      \
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t cuda_check_rc_ = (call);                                                       \
+        if (cuda_check_rc_ != cudaSuccess)                                                         \
             return wren_errf(e, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(cuda_check_rc_), \
-                             __FILE__, __LINE__, #call);                                        \
+                             __FILE__, __LINE__, #call);                                           \
     } while (0)
 
 // After a kernel launch: reports launch-configuration errors (not asynchronous faults).
@@ -40,8 +40,12 @@ static __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-static __device__ __forceinline__ float silu_f(float x) { return x / (1.f + __expf(-x)); }
-static __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + __expf(-x)); }
+static __device__ __forceinline__ float silu_f(float x) {
+    return x / (1.f + __expf(-x));
+}
+static __device__ __forceinline__ float sigmoid_f(float x) {
+    return 1.f / (1.f + __expf(-x));
+}
 
 // Weight chunks: every quantized/bf16 row is streamed in 16-byte chunks. A chunk holds EPC
 // elements and never straddles a quantization group (groups are >= 32 elements).
@@ -51,17 +55,24 @@ template <int BITS> struct wfmt {
 
 // Activations are kept in shared memory as f32 with 4 floats of padding after every 32, so that
 // lanes reading consecutive chunks hit distinct banks (see NOTES.md).
-static __host__ __device__ __forceinline__ int xpad(int i) { return i + ((i >> 5) << 2); }
-static __host__ __device__ __forceinline__ int xpad_len(int n) { return n + ((n + 31) >> 5) * 4; }
+static __host__ __device__ __forceinline__ int xpad(int i) {
+    return i + ((i >> 5) << 2);
+}
+static __host__ __device__ __forceinline__ int xpad_len(int n) {
+    return n + ((n + 31) >> 5) * 4;
+}
 
 // Exact small-integer to float conversion without I2F: 2^23 + q as a float bit pattern, minus 2^23.
-static __device__ __forceinline__ float u8f(uint32_t q) { return __uint_as_float(0x4B000000u | q) - 8388608.f; }
+static __device__ __forceinline__ float u8f(uint32_t q) {
+    return __uint_as_float(0x4B000000u | q) - 8388608.f;
+}
 
 // acc[i] += s_i * sum_j x_j q_ij + b_i * sum_j x_j over one 16-byte chunk of R rows.
 // xs points at the chunk's first activation in padded shared memory (EPC contiguous floats).
 template <int BITS, int R>
 static __device__ __forceinline__ void dot_chunk(const uint4 (&w)[R], const float (&s)[R],
-                                                 const float (&b)[R], const float *xs, float (&acc)[R]) {
+                                                 const float (&b)[R], const float *xs,
+                                                 float (&acc)[R]) {
     if constexpr (BITS == 4) {
         float xsum = 0.f, d[R];
 #pragma unroll
@@ -76,8 +87,20 @@ static __device__ __forceinline__ void dot_chunk(const uint4 (&w)[R], const floa
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 uint32_t word = k == 0 ? w[i].x : k == 1 ? w[i].y : k == 2 ? w[i].z : w[i].w;
+                // even elements are the low nibbles of the bytes, odd ones the high nibbles; one
+                // byte permute places a level in the mantissa of 2^23
+                const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-                for (int j = 0; j < 8; j++) d[i] = fmaf(xv[j], u8f((word >> (4 * j)) & 0xFu), d[i]);
+                for (int b = 0; b < 4; b++) {
+                    d[i] =
+                        fmaf(xv[2 * b],
+                             __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 + b)) - 8388608.f,
+                             d[i]);
+                    d[i] =
+                        fmaf(xv[2 * b + 1],
+                             __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 + b)) - 8388608.f,
+                             d[i]);
+                }
             }
         }
 #pragma unroll
@@ -97,7 +120,10 @@ static __device__ __forceinline__ void dot_chunk(const uint4 (&w)[R], const floa
                 uint32_t word = k == 0 ? w[i].x : k == 1 ? w[i].y : k == 2 ? w[i].z : w[i].w;
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    d[i] = fmaf(xv[j], __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540 + j)) - 8388608.f, d[i]);
+                    d[i] = fmaf(xv[j],
+                                __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540 + j)) -
+                                    8388608.f,
+                                d[i]);
             }
         }
 #pragma unroll

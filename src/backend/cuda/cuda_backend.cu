@@ -14,8 +14,8 @@ extern "C" {
 #define RING_N 8
 
 struct bstate {
-    struct cuda_state st; // first: cuda_prefill and the decode step see only this
-    void *block;          // one allocation: KV caches, conv and ssm states, logits
+    struct cuda_state st;      // first: cuda_prefill and the decode step see only this
+    void *block;               // one allocation: KV caches, conv and ssm states, logits
     size_t rec_off, rec_bytes; // conv + ssm + logits region (contiguous) within block
     cudaGraphExec_t fwd, gen;
     struct sampler_params gen_p;
@@ -38,7 +38,9 @@ struct cuda_backend {
     size_t state_bytes_peak, state_bytes_now;
 };
 
-static struct cuda_backend *cb_of(struct backend *b) { return (struct cuda_backend *)b; }
+static struct cuda_backend *cb_of(struct backend *b) {
+    return (struct cuda_backend *)b;
+}
 static struct cuda_backend *cb_of_ctx(struct cuda_ctx *cx) {
     return (struct cuda_backend *)((char *)cx - offsetof(struct cuda_backend, cx));
 }
@@ -76,7 +78,8 @@ struct upload {
     size_t done, total;
 };
 
-static int put(struct cuda_backend *cb, void *dst, const void *src, size_t n, struct upload *u, struct wren_err *e) {
+static int put(struct cuda_backend *cb, void *dst, const void *src, size_t n, struct upload *u,
+               struct wren_err *e) {
     const size_t step = 64u << 20;
     for (size_t o = 0; o < n; o += step) {
         size_t k = n - o < step ? n - o : step;
@@ -96,8 +99,8 @@ static size_t qmat_dev_bytes(const struct qmat *q) {
 }
 
 // Copies a stack of matrices into a dense device layout (matrix i at i * rows * row_stride).
-static int up_region(struct cuda_backend *cb, const uint8_t *src, size_t mat_stride, size_t per, int n,
-                     uint8_t **out, struct upload *u, struct wren_err *e) {
+static int up_region(struct cuda_backend *cb, const uint8_t *src, size_t mat_stride, size_t per,
+                     int n, uint8_t **out, struct upload *u, struct wren_err *e) {
     void *d;
     if (dalloc(cb, per * n, &d, e)) return -1;
     if (mat_stride == per || n == 1) {
@@ -110,8 +113,8 @@ static int up_region(struct cuda_backend *cb, const uint8_t *src, size_t mat_str
     return 0;
 }
 
-static int up_mat(struct cuda_backend *cb, const struct qmat *q, struct dmat *m, const char *what, struct upload *u,
-                  struct wren_err *e) {
+static int up_mat(struct cuda_backend *cb, const struct qmat *q, struct dmat *m, const char *what,
+                  struct upload *u, struct wren_err *e) {
     memset(m, 0, sizeof *m);
     m->type = q->type;
     m->n = q->n;
@@ -120,28 +123,34 @@ static int up_mat(struct cuda_backend *cb, const struct qmat *q, struct dmat *m,
     m->bits = q->bits;
     m->group = q->group;
     if (q->rows == 0 || q->n == 0) return 0;
-    if (q->type == WT_F32) return wren_errf(e, "%s: f32 matrices are not supported by the CUDA backend", what);
+    if (q->type == WT_F32)
+        return wren_errf(e, "%s: f32 matrices are not supported by the CUDA backend", what);
     int bits = dmat_bits(q->type, q->bits);
     if ((q->type == WT_Q4 && q->bits != 4) || (q->type == WT_Q8 && q->bits != 8))
         return wren_errf(e, "%s: quantized type and bit count disagree", what);
-    if (q->cols % (128 / bits) || q->row_stride % 16 || (bits != 16 && (q->group < 32 || q->group % 32)))
-        return wren_errf(e, "%s: %d columns (%d-bit, group %d) do not fit the CUDA kernels' 16-byte chunks", what,
-                         q->cols, bits, q->group);
+    if (q->cols % (128 / bits) || q->row_stride % 16 ||
+        (bits != 16 && (q->group < 32 || q->group % 32)))
+        return wren_errf(
+            e, "%s: %d columns (%d-bit, group %d) do not fit the CUDA kernels' 16-byte chunks",
+            what, q->cols, bits, q->group);
     m->row_stride = q->row_stride;
     m->mat_stride = (size_t)q->rows * q->row_stride;
-    if (up_region(cb, q->data, q->mat_stride, m->mat_stride, q->n, (uint8_t **)&m->data, u, e)) return -1;
+    if (up_region(cb, q->data, q->mat_stride, m->mat_stride, q->n, (uint8_t **)&m->data, u, e))
+        return -1;
     if (bits != 16) {
         m->sb_row_stride = q->sb_row_stride;
         m->sb_mat_stride = (size_t)q->rows * q->sb_row_stride;
-        if (up_region(cb, q->scales, q->sb_mat_stride, m->sb_mat_stride, q->n, (uint8_t **)&m->scales, u, e) ||
-            up_region(cb, q->biases, q->sb_mat_stride, m->sb_mat_stride, q->n, (uint8_t **)&m->biases, u, e))
+        if (up_region(cb, q->scales, q->sb_mat_stride, m->sb_mat_stride, q->n,
+                      (uint8_t **)&m->scales, u, e) ||
+            up_region(cb, q->biases, q->sb_mat_stride, m->sb_mat_stride, q->n,
+                      (uint8_t **)&m->biases, u, e))
             return -1;
     }
     return 0;
 }
 
-static int up_f32(struct cuda_backend *cb, const float *src, size_t n, const float **out, struct upload *u,
-                  struct wren_err *e) {
+static int up_f32(struct cuda_backend *cb, const float *src, size_t n, const float **out,
+                  struct upload *u, struct wren_err *e) {
     *out = NULL;
     if (!src || !n) return 0;
     void *d;
@@ -151,9 +160,10 @@ static int up_f32(struct cuda_backend *cb, const float *src, size_t n, const flo
 }
 
 static size_t layer_bytes(const struct model_config *c, const struct layer *L) {
-    const struct qmat *ms[] = {&L->dn_qkv, &L->dn_z, &L->dn_b, &L->dn_a, &L->dn_out, &L->q_proj, &L->k_proj,
-                               &L->v_proj, &L->o_proj, &L->router, &L->exp_gate, &L->exp_up, &L->exp_down,
-                               &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_gate_w};
+    const struct qmat *ms[] = {&L->dn_qkv,   &L->dn_z,     &L->dn_b,     &L->dn_a,    &L->dn_out,
+                               &L->q_proj,   &L->k_proj,   &L->v_proj,   &L->o_proj,  &L->router,
+                               &L->exp_gate, &L->exp_up,   &L->exp_down, &L->sh_gate, &L->sh_up,
+                               &L->sh_down,  &L->sh_gate_w};
     size_t n = 0;
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) n += qmat_dev_bytes(ms[i]);
     (void)c;
@@ -164,13 +174,16 @@ static int upload_model(struct cuda_backend *cb, struct wren_err *e) {
     const struct model *m = cb->b.model;
     const struct model_config *c = &m->cfg;
     struct dmodel *dm = &cb->cx.dm;
-    struct upload u = {0, qmat_dev_bytes(&m->embed) + (m->lm_head.data != m->embed.data ? qmat_dev_bytes(&m->lm_head) : 0)};
+    struct upload u = {0, qmat_dev_bytes(&m->embed) +
+                              (m->lm_head.data != m->embed.data ? qmat_dev_bytes(&m->lm_head) : 0)};
     for (int l = 0; l < c->n_layers; l++) u.total += layer_bytes(c, &m->layers[l]);
     dm->layers = (struct dlayer *)xcalloc(c->n_layers, sizeof(struct dlayer));
     char what[64];
     if (up_mat(cb, &m->embed, &dm->embed, "embed_tokens", &u, e)) return -1;
-    if (m->lm_head.data == m->embed.data) dm->lm_head = dm->embed;
-    else if (up_mat(cb, &m->lm_head, &dm->lm_head, "lm_head", &u, e)) return -1;
+    if (m->lm_head.data == m->embed.data)
+        dm->lm_head = dm->embed;
+    else if (up_mat(cb, &m->lm_head, &dm->lm_head, "lm_head", &u, e))
+        return -1;
     if (up_f32(cb, m->final_norm, c->hidden, &dm->final_norm, &u, e)) return -1;
     const int hd = c->head_dim;
     for (int l = 0; l < c->n_layers; l++) {
@@ -178,10 +191,10 @@ static int upload_model(struct cuda_backend *cb, struct wren_err *e) {
         struct dlayer *D = &dm->layers[l];
         D->kind = L->kind;
         snprintf(what, sizeof what, "layer %d", l);
-#define UPM(f)                                                                                  \
-    do {                                                                                        \
-        snprintf(what, sizeof what, "layer %d %s", l, #f);                                      \
-        if (up_mat(cb, &L->f, &D->f, what, &u, e)) return -1;                                   \
+#define UPM(f)                                                                                     \
+    do {                                                                                           \
+        snprintf(what, sizeof what, "layer %d %s", l, #f);                                         \
+        if (up_mat(cb, &L->f, &D->f, what, &u, e)) return -1;                                      \
     } while (0)
         if (up_f32(cb, L->input_norm, c->hidden, &D->input_norm, &u, e) ||
             up_f32(cb, L->post_norm, c->hidden, &D->post_norm, &u, e))
@@ -192,7 +205,8 @@ static int upload_model(struct cuda_backend *cb, struct wren_err *e) {
             UPM(dn_b);
             UPM(dn_a);
             UPM(dn_out);
-            if (up_f32(cb, L->dn_conv, (size_t)cfg_dn_conv_dim(c) * c->conv_kernel, &D->dn_conv, &u, e) ||
+            if (up_f32(cb, L->dn_conv, (size_t)cfg_dn_conv_dim(c) * c->conv_kernel, &D->dn_conv, &u,
+                       e) ||
                 up_f32(cb, L->dn_A_log, c->dn_v_heads, &D->dn_A_log, &u, e) ||
                 up_f32(cb, L->dn_dt_bias, c->dn_v_heads, &D->dn_dt_bias, &u, e) ||
                 up_f32(cb, L->dn_norm, c->dn_v_dim, &D->dn_norm, &u, e))
@@ -202,7 +216,8 @@ static int upload_model(struct cuda_backend *cb, struct wren_err *e) {
             UPM(k_proj);
             UPM(v_proj);
             UPM(o_proj);
-            if (up_f32(cb, L->q_norm, hd, &D->q_norm, &u, e) || up_f32(cb, L->k_norm, hd, &D->k_norm, &u, e))
+            if (up_f32(cb, L->q_norm, hd, &D->q_norm, &u, e) ||
+                up_f32(cb, L->k_norm, hd, &D->k_norm, &u, e))
                 return -1;
         }
         UPM(router);
@@ -267,9 +282,11 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
     const float one = 1.f; // dense models: the shared (only) MLP has weight 1
     CUDA_CHECK(cudaMemcpy(w->wts + K, &one, 4, cudaMemcpyHostToDevice));
     w->ring_n = RING_N;
-    CUDA_CHECK(cudaHostAlloc((void **)&w->ring, RING_N * sizeof(struct sampled_token), cudaHostAllocMapped));
+    CUDA_CHECK(cudaHostAlloc((void **)&w->ring, RING_N * sizeof(struct sampled_token),
+                             cudaHostAllocMapped));
     CUDA_CHECK(cudaHostGetDevicePointer((void **)&w->ring_dev, w->ring, 0));
-    for (int i = 0; i < RING_N; i++) CUDA_CHECK(cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming));
+    for (int i = 0; i < RING_N; i++)
+        CUDA_CHECK(cudaEventCreateWithFlags(&cb->ev[i], cudaEventDisableTiming));
     return 0;
 }
 
@@ -307,12 +324,12 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
         cudaGetLastError();
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
-        wren_errf(e, "out of GPU memory for a %d-token context: needs %.1f MiB, %.1f MiB free", max_ctx,
-                  off / 1048576.0, fr / 1048576.0);
+        wren_errf(e, "out of GPU memory for a %d-token context: needs %.1f MiB, %.1f MiB free",
+                  max_ctx, off / 1048576.0, fr / 1048576.0);
         free(s);
         return NULL;
     }
-    if (cudaMemset(s->block, 0, off) != cudaSuccess) {
+    if (cudaMemsetAsync(s->block, 0, off, cb->cx.stream) != cudaSuccess) {
         wren_errf(e, "cudaMemset of the state failed");
         cudaFree(s->block);
         free(s);
@@ -353,8 +370,8 @@ static void cuda_state_free(struct backend *b, struct bstate *s) {
 }
 
 // ---- graphs -----------------------------------------------------------------------------------
-static int capture(struct cuda_backend *cb, struct bstate *s, const struct sample_params *sp, cudaGraphExec_t *out,
-                   struct wren_err *e) {
+static int capture(struct cuda_backend *cb, struct bstate *s, const struct sample_params *sp,
+                   cudaGraphExec_t *out, struct wren_err *e) {
     cudaStream_t st = cb->cx.stream;
     cudaGraph_t g = NULL;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
@@ -365,44 +382,53 @@ static int capture(struct cuda_backend *cb, struct bstate *s, const struct sampl
         if (g) cudaGraphDestroy(g);
         return -1;
     }
-    if (ce != cudaSuccess) return wren_errf(e, "capturing the decode step: %s", cudaGetErrorString(ce));
+    if (ce != cudaSuccess)
+        return wren_errf(e, "capturing the decode step: %s", cudaGetErrorString(ce));
     ce = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
-    if (ce != cudaSuccess) return wren_errf(e, "instantiating the decode graph: %s", cudaGetErrorString(ce));
+    if (ce != cudaSuccess)
+        return wren_errf(e, "instantiating the decode graph: %s", cudaGetErrorString(ce));
     return 0;
 }
 
 // One decode step at position pos for token tok (enqueued, not synchronized).
-int cuda_decode_token(struct cuda_ctx *cx, struct cuda_state *st, int pos, int32_t tok, struct wren_err *e) {
+int cuda_decode_token(struct cuda_ctx *cx, struct cuda_state *st, int pos, int32_t tok,
+                      struct wren_err *e) {
     struct cuda_backend *cb = cb_of_ctx(cx);
     struct bstate *s = (struct bstate *)st;
     if (pos < 0 || pos >= st->max_ctx)
-        return wren_errf(e, "position %d is outside the state's context of %d tokens", pos, st->max_ctx);
-    if (tok < 0 || tok >= cx->cfg->vocab) return wren_errf(e, "token id %d is outside the vocabulary (%d)", tok, cx->cfg->vocab);
+        return wren_errf(e, "position %d is outside the state's context of %d tokens", pos,
+                         st->max_ctx);
+    if (tok < 0 || tok >= cx->cfg->vocab)
+        return wren_errf(e, "token id %d is outside the vocabulary (%d)", tok, cx->cfg->vocab);
     if (!s->fwd && capture(cb, s, NULL, &s->fwd, e)) return -1;
     if (decode_set_pos_tok(&cb->ws, pos, tok, cx->stream, e)) return -1;
     CUDA_CHECK(cudaGraphLaunch(s->fwd, cx->stream));
     return 0;
 }
 
-static int cuda_forward(struct backend *b, struct bstate *s, int pos, const int32_t *tokens, int n, float *logits,
-                        bool all_logits, struct wren_err *e) {
+static int cuda_forward(struct backend *b, struct bstate *s, int pos, const int32_t *tokens, int n,
+                        float *logits, bool all_logits, struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
     struct cuda_ctx *cx = &cb->cx;
-    if (n < 1 || n > b->max_chunk) return wren_errf(e, "forward of %d tokens (1..%d)", n, b->max_chunk);
+    if (n < 1 || n > b->max_chunk)
+        return wren_errf(e, "forward of %d tokens (1..%d)", n, b->max_chunk);
     if (pos < 0 || pos + n > s->st.max_ctx)
-        return wren_errf(e, "positions %d..%d exceed the context of %d tokens", pos, pos + n - 1, s->st.max_ctx);
+        return wren_errf(e, "positions %d..%d exceed the context of %d tokens", pos, pos + n - 1,
+                         s->st.max_ctx);
     if (n > 1) return cuda_prefill(cx, &s->st, pos, tokens, n, logits, all_logits, e);
     if (cuda_decode_token(cx, &s->st, pos, tokens[0], e)) return -1;
     if (logits)
-        CUDA_CHECK(cudaMemcpyAsync(logits, s->st.logits, (size_t)cx->cfg->vocab * 4, cudaMemcpyDeviceToHost, cx->stream));
+        CUDA_CHECK(cudaMemcpyAsync(logits, s->st.logits, (size_t)cx->cfg->vocab * 4,
+                                   cudaMemcpyDeviceToHost, cx->stream));
     CUDA_CHECK(cudaStreamSynchronize(cx->stream));
     return 0;
 }
 
 // ---- generate ---------------------------------------------------------------------------------
-static void fill_sample_params(struct cuda_backend *cb, struct bstate *s, const struct sampler_params *p,
-                               int advance, struct sample_params *sp) {
+static void fill_sample_params(struct cuda_backend *cb, struct bstate *s,
+                               const struct sampler_params *p, int advance,
+                               struct sample_params *sp) {
     struct decode_ws *w = &cb->ws;
     memset(sp, 0, sizeof *sp);
     sp->logits = s->st.logits;
@@ -429,9 +455,18 @@ static void fill_sample_params(struct cuda_backend *cb, struct bstate *s, const 
     sp->ring_n = w->ring_n;
 }
 
-static int cuda_generate(struct backend *b, struct bstate *s, int pos, const struct sampler_params *p,
-                         const int32_t *history, int n_history, int max_new, gen_token_cb cb_fn, void *ud,
-                         int *n_generated, int *fed, struct wren_err *e) {
+// Field by field: the struct has padding, which memcmp would compare too.
+static bool same_sampler(const struct sampler_params *a, const struct sampler_params *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p &&
+           a->min_p == b->min_p && a->presence_penalty == b->presence_penalty &&
+           a->frequency_penalty == b->frequency_penalty && a->repetition_penalty == b->repetition_penalty &&
+           a->seed == b->seed && a->n_vocab == b->n_vocab && a->n_logprobs == b->n_logprobs;
+}
+
+static int cuda_generate(struct backend *b, struct bstate *s, int pos,
+                         const struct sampler_params *p, const int32_t *history, int n_history,
+                         int max_new, gen_token_cb cb_fn, void *ud, int *n_generated, int *fed,
+                         struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
     struct cuda_ctx *cx = &cb->cx;
     struct decode_ws *w = &cb->ws;
@@ -439,10 +474,11 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos, const str
     *n_generated = 0;
     *fed = 0;
     if (max_new <= 0) return 0;
-    if (pos < 0 || pos >= s->st.max_ctx) return wren_errf(e, "position %d is outside the context", pos);
+    if (pos < 0 || pos >= s->st.max_ctx)
+        return wren_errf(e, "position %d is outside the context", pos);
     // every token fed must fit: the last sampled token is not fed when max_new is reached
     if (pos + max_new - 1 > s->st.max_ctx) max_new = s->st.max_ctx - pos + 1;
-    if (!s->gen || memcmp(&s->gen_p, p, sizeof *p)) {
+    if (!s->gen || !same_sampler(&s->gen_p, p)) {
         if (s->gen) cudaGraphExecDestroy(s->gen), s->gen = NULL;
         struct sample_params sp;
         fill_sample_params(cb, s, p, 1, &sp);
@@ -455,7 +491,9 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos, const str
         uint8_t *h = (uint8_t *)xcalloc(vocab, 1);
         for (int i = 0; i < n_history; i++)
             if (history[i] >= 0 && history[i] < vocab) h[history[i]] = 1;
-        cudaError_t rc = cudaMemcpy(w->seen, h, vocab, cudaMemcpyHostToDevice);
+        // on the backend's stream (non-blocking: the legacy stream would not order against it)
+        cudaError_t rc = cudaMemcpyAsync(w->seen, h, vocab, cudaMemcpyHostToDevice, cx->stream);
+        if (rc == cudaSuccess) rc = cudaStreamSynchronize(cx->stream);
         free(h);
         CUDA_CHECK(rc);
     } else {
@@ -486,14 +524,16 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos, const str
         if (stop || got >= max_new) break;
     }
     cudaError_t ce = cudaStreamSynchronize(cx->stream);
-    if (!rc && ce != cudaSuccess) rc = wren_errf(e, "decode step failed: %s", cudaGetErrorString(ce));
+    if (!rc && ce != cudaSuccess)
+        rc = wren_errf(e, "decode step failed: %s", cudaGetErrorString(ce));
     *n_generated = got;
     *fed = launched - 1 < got ? launched - 1 : got;
     return rc;
 }
 
 // ---- snapshots --------------------------------------------------------------------------------
-static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos, bool with_kv, struct wren_err *e) {
+static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos, bool with_kv,
+                                    struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
     const struct model_config *c = cb->cx.cfg;
     const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
@@ -513,12 +553,14 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
         return NULL;
     }
     char *d = (char *)sn->dev;
-    cudaError_t rc = cudaMemcpyAsync(d, (char *)s->block + s->rec_off, s->rec_bytes, cudaMemcpyDeviceToDevice, st);
+    cudaError_t rc = cudaMemcpyAsync(d, (char *)s->block + s->rec_off, s->rec_bytes,
+                                     cudaMemcpyDeviceToDevice, st);
     size_t o = s->rec_bytes;
     for (int j = 0; with_kv && j < s->st.n_attn && rc == cudaSuccess; j++) {
         rc = cudaMemcpyAsync(d + o, s->st.k_cache[j], pos * row, cudaMemcpyDeviceToDevice, st);
         o += pos * row;
-        if (rc == cudaSuccess) rc = cudaMemcpyAsync(d + o, s->st.v_cache[j], pos * row, cudaMemcpyDeviceToDevice, st);
+        if (rc == cudaSuccess)
+            rc = cudaMemcpyAsync(d + o, s->st.v_cache[j], pos * row, cudaMemcpyDeviceToDevice, st);
         o += pos * row;
     }
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(st);
@@ -531,26 +573,33 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
     return sn;
 }
 
-static int cuda_snap_restore(struct backend *b, struct bstate *s, const struct bsnap *sn, struct wren_err *e) {
+static int cuda_snap_restore(struct backend *b, struct bstate *s, const struct bsnap *sn,
+                             struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
     const struct model_config *c = cb->cx.cfg;
     const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
-    if (sn->pos > s->st.max_ctx) return wren_errf(e, "snapshot of %d tokens does not fit this state", sn->pos);
+    if (sn->pos > s->st.max_ctx)
+        return wren_errf(e, "snapshot of %d tokens does not fit this state", sn->pos);
     cudaStream_t st = cb->cx.stream;
     char *d = (char *)sn->dev;
-    CUDA_CHECK(cudaMemcpyAsync((char *)s->block + s->rec_off, d, s->rec_bytes, cudaMemcpyDeviceToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync((char *)s->block + s->rec_off, d, s->rec_bytes,
+                               cudaMemcpyDeviceToDevice, st));
     size_t o = s->rec_bytes;
     for (int j = 0; sn->with_kv && j < s->st.n_attn; j++) {
-        CUDA_CHECK(cudaMemcpyAsync(s->st.k_cache[j], d + o, sn->pos * row, cudaMemcpyDeviceToDevice, st));
+        CUDA_CHECK(
+            cudaMemcpyAsync(s->st.k_cache[j], d + o, sn->pos * row, cudaMemcpyDeviceToDevice, st));
         o += sn->pos * row;
-        CUDA_CHECK(cudaMemcpyAsync(s->st.v_cache[j], d + o, sn->pos * row, cudaMemcpyDeviceToDevice, st));
+        CUDA_CHECK(
+            cudaMemcpyAsync(s->st.v_cache[j], d + o, sn->pos * row, cudaMemcpyDeviceToDevice, st));
         o += sn->pos * row;
     }
     CUDA_CHECK(cudaStreamSynchronize(st));
     return 0;
 }
 
-static size_t cuda_snap_bytes(const struct bsnap *sn) { return sn ? sn->bytes : 0; }
+static size_t cuda_snap_bytes(const struct bsnap *sn) {
+    return sn ? sn->bytes : 0;
+}
 
 static void cuda_snap_free(struct backend *b, struct bsnap *sn) {
     (void)b;
@@ -574,16 +623,16 @@ static void cuda_destroy(struct backend *b) {
     free(cb->cx.dm.layers);
     if (cb->state_bytes_peak || b->device_bytes) {
         // peak memory of this run, for benchmarks and capacity planning
-        fprintf(stderr, "cuda: weights %.2f GiB, peak state %.2f GiB\n", b->device_bytes / 1073741824.0,
-                cb->state_bytes_peak / 1073741824.0);
+        fprintf(stderr, "cuda: weights %.2f GiB, peak state %.2f GiB\n",
+                b->device_bytes / 1073741824.0, cb->state_bytes_peak / 1073741824.0);
     }
     free(cb);
 }
 
 static int cuda_read_logits(struct backend *b, struct bstate *s, float *out, struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
-    CUDA_CHECK(cudaMemcpyAsync(out, s->st.logits, (size_t)cb->cx.cfg->vocab * 4, cudaMemcpyDeviceToHost,
-                               cb->cx.stream));
+    CUDA_CHECK(cudaMemcpyAsync(out, s->st.logits, (size_t)cb->cx.cfg->vocab * 4,
+                               cudaMemcpyDeviceToHost, cb->cx.stream));
     CUDA_CHECK(cudaStreamSynchronize(cb->cx.stream));
     return 0;
 }
@@ -640,8 +689,8 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     cb->cx.l2_bytes = prop.l2CacheSize;
     cb->cx.smem_optin = prop.sharedMemPerBlockOptin;
     if (prop.major < 8) {
-        wren_errf(e, "GPU %d (%s) has compute capability %d.%d; wren needs 8.0 or newer", dev, prop.name, prop.major,
-                  prop.minor);
+        wren_errf(e, "GPU %d (%s) has compute capability %d.%d; wren needs 8.0 or newer", dev,
+                  prop.name, prop.major, prop.minor);
         free(cb);
         return NULL;
     }
@@ -649,8 +698,9 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;
     if (K + 1 > GEMV_MAXSEG || c->n_experts > 2048) {
-        wren_errf(e, "%d experts with top-%d is beyond the CUDA decode kernels (at most 2048, top-%d)", c->n_experts,
-                  K, GEMV_MAXSEG - 1);
+        wren_errf(e,
+                  "%d experts with top-%d is beyond the CUDA decode kernels (at most 2048, top-%d)",
+                  c->n_experts, K, GEMV_MAXSEG - 1);
         free(cb);
         return NULL;
     }
@@ -665,8 +715,44 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         cuda_destroy(&cb->b);
         return NULL;
     }
+    // the uploads and memsets ran on the legacy stream, which the backend's non-blocking stream
+    // does not wait for
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+        wren_errf(e, "CUDA backend: initialisation failed: %s",
+                  cudaGetErrorString(cudaGetLastError()));
+        cuda_destroy(&cb->b);
+        return NULL;
+    }
     if (progress_enabled())
-        fprintf(stderr, "cuda: %s (%d SMs, %.0f MB L2), %.2f GiB of weights uploaded in %.1f s\n", prop.name,
-                prop.multiProcessorCount, prop.l2CacheSize / 1e6, cb->b.device_bytes / 1073741824.0, now_sec() - t0);
+        fprintf(stderr, "cuda: %s (%d SMs, %.0f MB L2), %.2f GiB of weights uploaded in %.1f s\n",
+                prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6,
+                cb->b.device_bytes / 1073741824.0, now_sec() - t0);
     return &cb->b;
+}
+
+// Benchmarks: one decode step at pos run without a graph, with an event pair around every launcher;
+// ms[c] gets the summed time of category c (DP_*) and *total the whole step.
+int cuda_profile_step(struct backend *b, struct bstate *s, int pos, double *ms, double *total,
+                      struct wren_err *e) {
+    struct cuda_backend *cb = cb_of(b);
+    struct cuda_ctx *cx = &cb->cx;
+    static struct decode_prof prof;
+    for (int c = 0; c < DP_N; c++) ms[c] = 0;
+    if (decode_set_pos_tok(&cb->ws, pos, 0, cx->stream, e)) return -1;
+    prof.n = 0;
+    decode_profile_set(&prof);
+    int rc = decode_enqueue(cx, &cb->ws, &s->st, e);
+    decode_profile_set(NULL);
+    if (rc) return -1;
+    CUDA_CHECK(cudaStreamSynchronize(cx->stream));
+    for (int i = 0; i + 1 < prof.n; i++) {
+        if (prof.cat[i] < 0) continue;
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, prof.ev[i], prof.ev[i + 1]));
+        ms[prof.cat[i]] += t;
+    }
+    float t = 0;
+    if (prof.n > 1) CUDA_CHECK(cudaEventElapsedTime(&t, prof.ev[0], prof.ev[prof.n - 1]));
+    *total = t;
+    return 0;
 }

@@ -15,18 +15,18 @@ enum gemv_epi {
 };
 
 struct gemv_seg {
-    struct dmat a, b;       // b: up matrix for EPI_SWIGLU only
-    int mat;                // matrix of the stack (idx == NULL)
-    const int *idx;         // device: matrix = idx[slot] (routed experts)
+    struct dmat a, b; // b: up matrix for EPI_SWIGLU only
+    int mat;          // matrix of the stack (idx == NULL)
+    const int *idx;   // device: matrix = idx[slot] (routed experts)
     int slot;
     int rows;
     int epi;
     float *out;
-    const float *scale;     // EPI_SWIGLU: multiplies the result by scale[slot] (NULL: 1)
-    const float *conv_w;    // EPI_CONV: [rows][conv_k]
-    float *conv_state;      // EPI_CONV: [rows][conv_k - 1], oldest first
+    const float *scale;  // EPI_SWIGLU: multiplies the result by scale[slot] (NULL: 1)
+    const float *conv_w; // EPI_CONV: [rows][conv_k]
+    float *conv_state;   // EPI_CONV: [rows][conv_k - 1], oldest first
     int conv_k;
-    int block0;             // filled by gemv_launch
+    int block0; // filled by gemv_launch
 };
 
 struct gemv_params {
@@ -34,8 +34,13 @@ struct gemv_params {
     struct gemv_seg seg[GEMV_MAXSEG];
     const float *x; // [cols] input row (device)
     int cols;
+    int iters;           // row batches per block (filled by gemv_launch)
     const float *norm_w; // non-NULL: x is RMS-normalised with this weight first (fused)
     float eps;
+    // non-NULL gn_w: gated RMSNorm per head of gn_dv values instead (DeltaNet output):
+    // x_i * rsqrt(mean_head(x^2) + eps) * gn_w[i % gn_dv] * silu(gn_z[i])
+    const float *gn_w, *gn_z;
+    int gn_dv;
     // MoE router finisher: when topk_K > 0, the last block turns logits[0..topk_E) into top-k ids
     // and renormalised weights; wts[topk_K] = sigmoid(logits[topk_E]) if has_shared_gate, else 1.
     int topk_E, topk_K;
@@ -53,26 +58,25 @@ void attn_set_sm_count(int sm_count);
 
 // ---- MoE: down projections of the routed experts + shared expert, weighted sum into x ----------
 struct moe_down_params {
-    struct dmat down;     // routed experts' down stack [n][hidden][inter]
-    struct dmat sh_down;  // shared expert's down [hidden][shared_inter] (rows 0: none)
-    const int *ids;       // [K] expert ids (device)
-    int K;                // routed slots (0: dense model)
-    const float *act;     // [K][inter] then [shared_inter]: weights already folded in
+    struct dmat down;    // routed experts' down stack [n][hidden][inter]
+    struct dmat sh_down; // shared expert's down [hidden][shared_inter] (rows 0: none)
+    const int *ids;      // [K] expert ids (device)
+    int K;               // routed slots (0: dense model)
+    const float *act;    // [K][inter] then [shared_inter]: weights already folded in
     int inter, sh_inter;
-    float *out;           // [hidden], += result
+    float *out; // [hidden], += result
     int hidden;
 };
 int moe_down_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e);
 
 // ---- Gated DeltaNet recurrent step (one token), after the fused conv in the projection ---------
 struct deltanet_params {
-    const float *qkv;   // [2*qk + v] conv+silu outputs: q | k | v
-    const float *z;     // [v] output gate
-    const float *b, *a; // [v_heads]
-    float *S;           // [v_heads][d_k][d_v] state
+    const float *qkv;             // [2*qk + v] conv+silu outputs: q | k | v
+    const float *z;               // [v] output gate
+    const float *b, *a;           // [v_heads]
+    float *S;                     // [v_heads][d_k][d_v] state
     const float *A_log, *dt_bias; // [v_heads]
-    const float *norm_w;          // [d_v]
-    float *y;                     // [v] output (gated-RMS-normed)
+    float *y;                     // [v] raw readout o (normed by the out_proj load)
     int k_heads, v_heads, dk, dv;
     float eps;
 };
@@ -80,19 +84,19 @@ int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren
 
 // ---- Attention decode ---------------------------------------------------------------------------
 struct attn_params {
-    const float *qg;  // q_proj output: per head [query | gate] (gate) or [query]
-    const float *k, *v; // [n_kv][hd]
+    const float *qg;              // q_proj output: per head [query | gate] (gate) or [query]
+    const float *k, *v;           // [n_kv][hd]
     const float *q_norm, *k_norm; // [hd]
-    uint16_t *kc, *vc; // caches bf16 [max_ctx][n_kv][hd]
-    const int *pos;   // device: position of this token (context = pos + 1)
+    uint16_t *kc, *vc;            // caches bf16 [max_ctx][n_kv][hd]
+    const int *pos;               // device: position of this token (context = pos + 1)
     int n_heads, n_kv, hd, rope_dim;
     float rope_theta, eps;
     int gate;
     int max_ctx;
-    int splits;       // split-KV blocks per KV head (fixed for a graph; empty splits exit)
-    float *q_ws;      // [n_heads][hd] normed+roped queries
-    float *part;      // [splits][n_heads][hd + 2] partial (acc, m, l)
-    float *out;       // [n_heads][hd] gated attention output
+    int splits;  // split-KV blocks per KV head (fixed for a graph; empty splits exit)
+    float *q_ws; // [n_heads][hd] normed+roped queries
+    float *part; // [splits][n_heads][hd + 2] partial (acc, m, l)
+    float *out;  // [n_heads][hd] gated attention output
 };
 int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e);
 // Splits to use for a KV head count on this device (enough blocks to fill it at long contexts).
@@ -108,16 +112,16 @@ struct sample_params {
     int n_vocab;         // ids >= n_vocab never sampled
     float temperature, top_p, min_p, presence, frequency, repetition;
     int top_k;
-    int n_logprobs;      // < 0: none
+    int n_logprobs; // < 0: none
     uint64_t seed;
-    int *counts;         // [vocab] generated-token counts (device)
-    uint8_t *seen;       // [vocab] prompt + generated (repetition penalty)
-    float *work;         // [vocab] scratch
+    int *counts;                // [vocab] generated-token counts (device)
+    uint8_t *seen;              // [vocab] prompt + generated (repetition penalty)
+    float *work;                // [vocab] scratch
     unsigned long long *argmax; // greedy scratch (reset by the finisher)
-    unsigned *counter;   // block ticket (greedy)
-    int32_t *tok_out;    // next step's input token
-    int *step;           // device step counter: ring slot, RNG stream; incremented
-    int *pos;            // device position; incremented when advance_pos
+    unsigned *counter;          // block ticket (greedy)
+    int32_t *tok_out;           // next step's input token
+    int *step;                  // device step counter: ring slot, RNG stream; incremented
+    int *pos;                   // device position; incremented when advance_pos
     int advance_pos;
     struct sampled_token *ring; // host-mapped ring of sampled tokens
     int ring_n;
@@ -127,26 +131,54 @@ int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err
 // ---- The decode step -------------------------------------------------------------------------
 // Activation workspace of one backend (shared by its states: steps never run concurrently).
 struct decode_ws {
-    float *x;                 // [hidden] residual stream
+    float *x;                   // [hidden] residual stream
     float *qkv, *z, *b, *a, *y; // DeltaNet: conv outputs, gate, beta/alpha logits, mixer output
     float *qg, *k, *v, *q, *att, *part; // attention
-    float *rlog, *wts, *act;  // MoE: router logits (+ shared gate), weights, expert activations
+    float *rlog, *wts, *act; // MoE: router logits (+ shared gate), weights, expert activations
     int *ids;
-    unsigned *counter;        // router finisher ticket
-    int *pos, *step;          // device position and sampler step counters
-    int32_t *tok;             // the step's input token
-    int *counts;              // sampler: generated-token counts
-    uint8_t *seen;            // sampler: ids in prompt + generated
-    float *work;              // sampler scratch [vocab]
+    unsigned *counter; // router finisher ticket
+    int *pos, *step;   // device position and sampler step counters
+    int32_t *tok;      // the step's input token
+    int *counts;       // sampler: generated-token counts
+    uint8_t *seen;     // sampler: ids in prompt + generated
+    float *work;       // sampler scratch [vocab]
     unsigned long long *argmax;
     unsigned *scounter;
     struct sampled_token *ring, *ring_dev; // host-mapped ring (host and device views)
     int ring_n;
-    int splits;               // attention split-KV blocks per KV head
+    int splits; // attention split-KV blocks per KV head
 };
 
 // Enqueues one decode step (embedding of ws->tok at position ws->pos through the lm_head into
 // st->logits) on cx->stream. No host synchronization; capturable.
-int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e);
-// Sets the device position and token counters (a kernel, so it is capturable and needs no host buffer).
-int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e);
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st,
+                   struct wren_err *e);
+// Sets the device position and token counters (a kernel, so it is capturable and needs no host
+// buffer).
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s,
+                       struct wren_err *e);
+
+// Per-launcher event timing of one non-graph step (benchmarks only).
+enum {
+    DP_EMBED,
+    DP_DN_PROJ,
+    DP_DN_STEP,
+    DP_DN_OUT,
+    DP_ATT_PROJ,
+    DP_ATT,
+    DP_ATT_OUT,
+    DP_ROUTER,
+    DP_GATE_UP,
+    DP_DOWN,
+    DP_LM_HEAD,
+    DP_N
+};
+#define DPROF_MAX 1024
+struct decode_prof {
+    int n;
+    int cat[DPROF_MAX]; // category of the interval starting at ev[i]; -1: end mark
+    cudaEvent_t ev[DPROF_MAX];
+};
+void decode_profile_set(struct decode_prof *p);
+int cuda_profile_step(struct backend *b, struct bstate *s, int pos, double *ms, double *total,
+                      struct wren_err *e);

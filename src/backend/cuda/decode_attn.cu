@@ -5,13 +5,14 @@
 #include "backend/cuda/decode.cuh"
 
 #define ATT_THREADS 256
-#define ATT_TILE 64
+#define ATT_TILE    64
 
 static int g_att_sms = 132;
 
 int attn_splits(int n_kv) {
-    int s = 2 * g_att_sms / (n_kv > 0 ? n_kv : 1);
-    return s < 1 ? 1 : s > 256 ? 256 : s;
+    // several blocks per SM at long contexts: each block streams its slice with few loads in flight
+    int s = 4 * g_att_sms / (n_kv > 0 ? n_kv : 1);
+    return s < 1 ? 1 : s > 1024 ? 1024 : s;
 }
 
 // Blocks [0, n_heads): query heads; [n_heads, n_heads + n_kv): KV heads. One thread per dim.
@@ -45,7 +46,8 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
         sincos((double)ang, &sn, &cs);
         sn = (float)sn;
         cs = (float)cs;
-        y = d < half ? (float)(xs[d] * cs - xs[d + half] * sn) : (float)(xs[d] * cs + xs[d - half] * sn);
+        y = d < half ? (float)(xs[d] * cs - xs[d + half] * sn)
+                     : (float)(xs[d] * cs + xs[d - half] * sn);
     }
     if (isq) {
         p.q_ws[(size_t)h * hd + d] = y;
@@ -62,7 +64,8 @@ template <> struct kvec<4> { using T = uint2; };
 template <> struct kvec<8> { using T = uint4; };
 
 template <int DPL>
-static __device__ __forceinline__ void unpack_bf16(const typename kvec<DPL>::T &w, float (&f)[DPL]) {
+static __device__ __forceinline__ void unpack_bf16(const typename kvec<DPL>::T &w,
+                                                   float (&f)[DPL]) {
     const uint32_t *u = reinterpret_cast<const uint32_t *>(&w);
 #pragma unroll
     for (int i = 0; i < DPL / 2; i++) {
@@ -72,22 +75,26 @@ static __device__ __forceinline__ void unpack_bf16(const typename kvec<DPL>::T &
 }
 
 template <int HD, int G>
-__global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(const __grid_constant__ struct attn_params p) {
-    constexpr int DPL = HD / 32;                    // K dims per lane in the score phase
-    constexpr int TW = 32 / G < 8 ? 32 / G : 8;     // tokens per warp step
-    constexpr int NSUB = ATT_THREADS / (HD / 2);    // token subsets in the V phase
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_split_kernel(const __grid_constant__ struct attn_params p) {
+    constexpr int DPL = HD / 32;                 // K dims per lane in the score phase
+    constexpr int TW = 32 / G < 8 ? 32 / G : 8;  // tokens per warp step
+    constexpr int NSUB = ATT_THREADS / (HD / 2); // token subsets in the V phase
     __shared__ __align__(16) float qs[G][HD];
     __shared__ float sc[G][ATT_TILE];
     __shared__ float m_run[G], l_run[G], alpha[G];
     __shared__ __align__(16) float obuf[G][HD];
-    const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, warp = tid >> 5,
+              lane = tid & 31;
     const int L = *p.pos + 1;
     int chunk = (L + p.splits - 1) / p.splits;
     chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
     const int start = sidx * chunk, end = min(L, start + chunk);
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (HD + 2);
     if (start >= end) {
-        if (tid < G) part[(size_t)tid * (HD + 2) + HD] = -INFINITY, part[(size_t)tid * (HD + 2) + HD + 1] = 0.f;
+        if (tid < G)
+            part[(size_t)tid * (HD + 2) + HD] = -INFINITY,
+                                          part[(size_t)tid * (HD + 2) + HD + 1] = 0.f;
         return;
     }
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
@@ -103,17 +110,33 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(const __grid_co
     for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = 0.f;
     const size_t rowst = (size_t)p.n_kv * HD;
     const uint16_t *kbase = p.kc + (size_t)kvh * HD, *vbase = p.vc + (size_t)kvh * HD;
+    constexpr int VPT = ATT_TILE / NSUB; // V rows per thread per tile
     for (int t0 = start; t0 < end; t0 += ATT_TILE) {
+        // issue this tile's V loads first (used after the softmax) and all 8 K rows of the warp
+        uint32_t vw[VPT];
+#pragma unroll
+        for (int jj = 0; jj < VPT; jj++) {
+            int tok = t0 + ts + jj * NSUB;
+            vw[jj] = tok < end ? __ldg(reinterpret_cast<const unsigned int *>(
+                                     vbase + (size_t)tok * rowst + 2 * dp))
+                               : 0u;
+        }
+        typename kvec<DPL>::T kall[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int tok = t0 + warp * 8 + j;
+            if (tok < end)
+                kall[j] = *reinterpret_cast<const typename kvec<DPL>::T *>(
+                    kbase + (size_t)tok * rowst + lane * DPL);
+            else
+                memset(&kall[j], 0, sizeof(kall[j]));
+        }
         // scores: warp w covers tile tokens [8w, 8w + 8)
 #pragma unroll
         for (int tt = 0; tt < 8; tt += TW) {
             typename kvec<DPL>::T kw[TW];
 #pragma unroll
-            for (int j = 0; j < TW; j++) {
-                int tok = t0 + warp * 8 + tt + j;
-                if (tok < end) kw[j] = *reinterpret_cast<const typename kvec<DPL>::T *>(kbase + (size_t)tok * rowst + lane * DPL);
-                else memset(&kw[j], 0, sizeof(kw[j]));
-            }
+            for (int j = 0; j < TW; j++) kw[j] = kall[tt + j];
             float v[32];
 #pragma unroll
             for (int i = 0; i < 32; i++) v[i] = 0.f;
@@ -169,8 +192,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(const __grid_co
         __syncthreads();
 #pragma unroll
         for (int g = 0; g < G; g++) acc[g][0] *= alpha[g], acc[g][1] *= alpha[g];
-        for (int j = ts; j < ATT_TILE && t0 + j < end; j += NSUB) {
-            uint32_t w = *reinterpret_cast<const uint32_t *>(vbase + (size_t)(t0 + j) * rowst + 2 * dp);
+#pragma unroll
+        for (int jj = 0; jj < VPT; jj++) {
+            const int j = ts + jj * NSUB;
+            const uint32_t w = vw[jj]; // zero past the end, where the probability is 0 too
             float v0 = __uint_as_float(w << 16), v1 = __uint_as_float(w & 0xFFFF0000u);
 #pragma unroll
             for (int g = 0; g < G; g++) {
@@ -187,8 +212,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_split_kernel(const __grid_co
         atomicAdd(&obuf[g][2 * dp + 1], acc[g][1]);
     }
     __syncthreads();
-    for (int i = tid; i < G * HD; i += ATT_THREADS) part[(size_t)(i / HD) * (HD + 2) + i % HD] = obuf[i / HD][i % HD];
-    if (tid < G) part[(size_t)tid * (HD + 2) + HD] = m_run[tid], part[(size_t)tid * (HD + 2) + HD + 1] = l_run[tid];
+    for (int i = tid; i < G * HD; i += ATT_THREADS)
+        part[(size_t)(i / HD) * (HD + 2) + i % HD] = obuf[i / HD][i % HD];
+    if (tid < G)
+        part[(size_t)tid * (HD + 2) + HD] = m_run[tid],
+                                      part[(size_t)tid * (HD + 2) + HD + 1] = l_run[tid];
 }
 
 // One block per query head, one thread per dim: merges the splits and applies the output gate.
@@ -218,30 +246,50 @@ template <int HD>
 static int split_launch(const struct attn_params *p, int G, cudaStream_t s, struct wren_err *e) {
     dim3 grid(p->n_kv, p->splits);
     switch (G) {
-    case 1: attn_split_kernel<HD, 1><<<grid, ATT_THREADS, 0, s>>>(*p); break;
-    case 2: attn_split_kernel<HD, 2><<<grid, ATT_THREADS, 0, s>>>(*p); break;
-    case 4: attn_split_kernel<HD, 4><<<grid, ATT_THREADS, 0, s>>>(*p); break;
-    case 8: attn_split_kernel<HD, 8><<<grid, ATT_THREADS, 0, s>>>(*p); break;
-    case 16: attn_split_kernel<HD, 16><<<grid, ATT_THREADS, 0, s>>>(*p); break;
-    default: return wren_errf(e, "attention: %d query heads per KV head is not 1, 2, 4, 8 or 16", G);
+    case 1:
+        attn_split_kernel<HD, 1><<<grid, ATT_THREADS, 0, s>>>(*p);
+        break;
+    case 2:
+        attn_split_kernel<HD, 2><<<grid, ATT_THREADS, 0, s>>>(*p);
+        break;
+    case 4:
+        attn_split_kernel<HD, 4><<<grid, ATT_THREADS, 0, s>>>(*p);
+        break;
+    case 8:
+        attn_split_kernel<HD, 8><<<grid, ATT_THREADS, 0, s>>>(*p);
+        break;
+    case 16:
+        attn_split_kernel<HD, 16><<<grid, ATT_THREADS, 0, s>>>(*p);
+        break;
+    default:
+        return wren_errf(e, "attention: %d query heads per KV head is not 1, 2, 4, 8 or 16", G);
     }
     CUDA_CHECK_LAUNCH();
     return 0;
 }
 
 int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e) {
-    if (p->n_kv <= 0 || p->n_heads % p->n_kv) return wren_errf(e, "attention: %d heads over %d KV heads", p->n_heads, p->n_kv);
-    if (p->rope_dim % 2 || p->rope_dim > p->hd) return wren_errf(e, "attention: bad rope_dim %d", p->rope_dim);
+    if (p->n_kv <= 0 || p->n_heads % p->n_kv)
+        return wren_errf(e, "attention: %d heads over %d KV heads", p->n_heads, p->n_kv);
+    if (p->rope_dim % 2 || p->rope_dim > p->hd)
+        return wren_errf(e, "attention: bad rope_dim %d", p->rope_dim);
     const int G = p->n_heads / p->n_kv;
     int thr = (p->hd + 31) / 32 * 32;
     attn_prep_kernel<<<p->n_heads + p->n_kv, thr, p->hd * sizeof(float), s>>>(*p);
     CUDA_CHECK_LAUNCH();
     int rc;
     switch (p->hd) {
-    case 64: rc = split_launch<64>(p, G, s, e); break;
-    case 128: rc = split_launch<128>(p, G, s, e); break;
-    case 256: rc = split_launch<256>(p, G, s, e); break;
-    default: return wren_errf(e, "attention: head_dim %d is not 64, 128 or 256", p->hd);
+    case 64:
+        rc = split_launch<64>(p, G, s, e);
+        break;
+    case 128:
+        rc = split_launch<128>(p, G, s, e);
+        break;
+    case 256:
+        rc = split_launch<256>(p, G, s, e);
+        break;
+    default:
+        return wren_errf(e, "attention: head_dim %d is not 64, 128 or 256", p->hd);
     }
     if (rc) return rc;
     attn_combine_kernel<<<p->n_heads, thr, 0, s>>>(*p);
@@ -249,4 +297,6 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
     return 0;
 }
 
-void attn_set_sm_count(int sms) { g_att_sms = sms; }
+void attn_set_sm_count(int sms) {
+    g_att_sms = sms;
+}

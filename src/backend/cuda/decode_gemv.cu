@@ -30,18 +30,34 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
     return v;
 }
 
-// Loads x (RMS-normalised when norm_w) into padded shared memory.
-static __device__ void load_x(float *xs, const float *x, int cols, const float *norm_w, float eps,
-                              float *red) {
+// Loads x into padded shared memory: plain, RMS-normalised (norm_w), or gated-RMS-normalised per
+// head (gn_w; hs: one float per head of scratch).
+static __device__ void load_x(float *xs, float *hs, const struct gemv_params &p, float *red) {
+    const float *x = p.x;
+    const int cols = p.cols;
     float scale = 1.f;
-    if (norm_w) {
+    if (p.norm_w) {
         float ss = 0.f;
         for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += x[i] * x[i];
         ss = block_sum(ss, red);
-        scale = rsqrtf(ss / (float)cols + eps);
+        scale = rsqrtf(ss / (float)cols + p.eps);
     }
-    for (int i = threadIdx.x; i < cols; i += blockDim.x)
-        xs[xpad(i)] = norm_w ? x[i] * scale * norm_w[i] : x[i];
+    if (p.gn_w) {
+        const int dv = p.gn_dv, nh = cols / dv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        for (int h = warp; h < nh; h += blockDim.x >> 5) {
+            float ss = 0.f;
+            for (int i = lane; i < dv; i += 32) ss += x[h * dv + i] * x[h * dv + i];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) hs[h] = rsqrtf(ss / (float)dv + p.eps);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < cols; i += blockDim.x)
+            xs[xpad(i)] = x[i] * hs[i / dv] * p.gn_w[i % dv] * silu_f(p.gn_z[i]);
+    } else {
+        for (int i = threadIdx.x; i < cols; i += blockDim.x)
+            xs[xpad(i)] = p.norm_w ? x[i] * scale * p.norm_w[i] : x[i];
+    }
     __syncthreads();
 }
 
@@ -145,8 +161,12 @@ static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, co
         if (i >= per || t != i || r >= sg.rows) continue;
         float y = acc[i];
         switch (sg.epi) {
-        case EPI_STORE: sg.out[r] = y; break;
-        case EPI_ADD: sg.out[r] += y; break;
+        case EPI_STORE:
+            sg.out[r] = y;
+            break;
+        case EPI_ADD:
+            sg.out[r] += y;
+            break;
         case EPI_CONV: {
             const int K = sg.conv_k;
             const float *cw = sg.conv_w + (size_t)r * K;
@@ -172,36 +192,32 @@ static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, co
     }
 }
 
-// Router finisher: softmax over E logits, top-K (ties: lower id first), optional renormalisation.
+// Router finisher (one warp): softmax over E logits, top-K (ties: lower id first), optional
+// renormalisation, the shared expert's sigmoid gate.
 static __device__ void topk_finish(const struct gemv_params &p) {
     __shared__ float prob[2048];
-    __shared__ float red[32];
-    __shared__ int sel_i[32];
-    __shared__ float sel_v[32];
-    const int E = p.topk_E;
+    if (threadIdx.x >= 32) return;
+    const int E = p.topk_E, lane = threadIdx.x;
     float mx = -INFINITY;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) mx = fmaxf(mx, __ldcg(p.logits + i));
+    for (int i = lane; i < E; i += 32) mx = fmaxf(mx, __ldcg(p.logits + i));
 #pragma unroll
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) mx = fmaxf(mx, red[i]);
-    __syncthreads();
     float sum = 0.f;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    for (int i = lane; i < E; i += 32) {
         float v = __expf(__ldcg(p.logits + i) - mx);
         prob[i] = v;
         sum += v;
     }
-    sum = block_sum(sum, red);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    __syncwarp();
+    float wsum = 0.f, myw = 0.f;
     for (int k = 0; k < p.topk_K; k++) {
-        // block argmax over prob (selected entries are set to -1)
         float bv = -2.f;
         int bi = 0x7fffffff;
-        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        for (int i = lane; i < E; i += 32) {
             float v = prob[i];
-            if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+            if (v > bv) bv = v, bi = i; // ascending i: the first max is the lowest id
         }
 #pragma unroll
         for (int o = 16; o; o >>= 1) {
@@ -209,36 +225,28 @@ static __device__ void topk_finish(const struct gemv_params &p) {
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
         }
-        if ((threadIdx.x & 31) == 0) sel_v[threadIdx.x >> 5] = bv, sel_i[threadIdx.x >> 5] = bi;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float v = sel_v[0];
-            int id = sel_i[0];
-            for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-                if (sel_v[w] > v || (sel_v[w] == v && sel_i[w] < id)) v = sel_v[w], id = sel_i[w];
-            p.ids[k] = id;
-            p.wts[k] = v / sum;
-            prob[id] = -1.f;
+        if (lane == k) myw = bv / sum;
+        wsum += bv / sum;
+        if (lane == 0) {
+            p.ids[k] = bi;
+            prob[bi] = -1.f;
         }
-        __syncthreads();
+        __syncwarp();
     }
-    if (threadIdx.x == 0) {
-        if (p.norm_topk) {
-            float t = 0.f;
-            for (int k = 0; k < p.topk_K; k++) t += p.wts[k];
-            for (int k = 0; k < p.topk_K; k++) p.wts[k] /= t;
-        }
+    if (lane < p.topk_K) p.wts[lane] = p.norm_topk ? myw / wsum : myw;
+    if (lane == 0) {
         p.wts[p.topk_K] = p.has_shared_gate ? sigmoid_f(__ldcg(p.logits + E)) : 1.f;
         *p.counter = 0;
     }
 }
 
 template <int TPR>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constant__ struct gemv_params p) {
+__global__ void __launch_bounds__(GEMV_THREADS)
+    gemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ float xs[];
     __shared__ float red[GEMV_THREADS / 32 * 4];
     __shared__ int last;
-    load_x(xs, p.x, p.cols, p.norm_w, p.eps, red);
+    load_x(xs, xs + xpad_len(p.cols), p, red);
     int s = 0;
     while (s + 1 < p.nseg && (int)blockIdx.x >= p.seg[s + 1].block0) s++;
     const struct gemv_seg &sg = p.seg[s];
@@ -246,10 +254,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
     const int groups = GEMV_THREADS / TPR, grp = threadIdx.x / TPR;
     const int bits = dmat_bits(sg.a.type, sg.a.bits);
     const int per = sg.epi == EPI_SWIGLU ? 2 : 4; // rows per group
-    const int row0 = ((blockIdx.x - sg.block0) * groups + grp) * per;
-    if (bits == 4) seg_rows<4, 4, TPR>(sg, mat, row0, xs, p.cols, red);
-    else if (bits == 8) seg_rows<8, 4, TPR>(sg, mat, row0, xs, p.cols, red);
-    else seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    // each block walks p.iters consecutive batches of groups*per rows, so the x prologue (load +
+    // norm) is paid once per many rows
+    for (int it = 0; it < p.iters; it++) {
+        const int batch = (blockIdx.x - sg.block0) * p.iters + it;
+        if (batch * groups * per >= sg.rows) break; // block-uniform
+        const int row0 = (batch * groups + grp) * per;
+        if (bits == 4)
+            seg_rows<4, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+        else if (bits == 8)
+            seg_rows<8, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+        else
+            seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+    }
     if (p.topk_K > 0) {
         __threadfence();
         __syncthreads();
@@ -263,7 +280,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
 }
 
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
-    if (p->nseg < 1 || p->nseg > GEMV_MAXSEG) return wren_errf(e, "gemv: bad segment count %d", p->nseg);
+    if (p->nseg < 1 || p->nseg > GEMV_MAXSEG)
+        return wren_errf(e, "gemv: bad segment count %d", p->nseg);
     int cmax = 0;
     long groups_total = 0;
     for (int i = 0; i < p->nseg; i++) {
@@ -271,8 +289,8 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
         int bits = dmat_bits(g->a.type, g->a.bits);
         int epc = 128 / bits;
         if (g->a.cols != p->cols || p->cols % epc)
-            return wren_errf(e, "gemv: matrix of %d columns (%d-bit) cannot read an input of %d", g->a.cols,
-                             bits, p->cols);
+            return wren_errf(e, "gemv: matrix of %d columns (%d-bit) cannot read an input of %d",
+                             g->a.cols, bits, p->cols);
         if (g->epi == EPI_SWIGLU &&
             (g->b.type != g->a.type || g->b.bits != g->a.bits || g->b.group != g->a.group))
             return wren_errf(e, "gemv: gate and up projections must share one format");
@@ -280,22 +298,39 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
         if (c > cmax) cmax = c;
         groups_total += (g->rows + 3) / 4 * (g->epi == EPI_SWIGLU ? 2 : 1);
     }
+    // threads per row group: enough warps in flight to cover memory latency (>= 8 per SM), and
+    // no more threads than chunks per row
     int tpr = 32;
-    const long target = (long)g_sm_count * 2048;
-    while (tpr < 256 && tpr * 2 <= cmax && groups_total * tpr < target) tpr *= 2;
+    while (tpr < 256 && tpr * 2 <= cmax && groups_total * tpr / 32 < (long)g_sm_count * 8) tpr *= 2;
     const int per_block_groups = GEMV_THREADS / tpr;
+    long batches = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        int per = p->seg[i].epi == EPI_SWIGLU ? 2 : 4;
+        batches += (p->seg[i].rows + per_block_groups * per - 1) / (per_block_groups * per);
+    }
+    const long target_blocks = 2L * g_sm_count;
+    p->iters = (int)((batches + target_blocks - 1) / target_blocks);
+    if (p->iters < 1) p->iters = 1;
     int nb = 0;
     for (int i = 0; i < p->nseg; i++) {
         struct gemv_seg *g = &p->seg[i];
         int per = g->epi == EPI_SWIGLU ? 2 : 4;
+        int nbatch = (g->rows + per_block_groups * per - 1) / (per_block_groups * per);
         g->block0 = nb;
-        nb += (g->rows + per_block_groups * per - 1) / (per_block_groups * per);
+        nb += (nbatch + p->iters - 1) / p->iters;
     }
-    size_t smem = (size_t)xpad_len(p->cols) * sizeof(float);
-    if (smem > g_smem_optin) return wren_errf(e, "gemv: input of %d columns does not fit in shared memory", p->cols);
-    void (*k)(const struct gemv_params) = tpr == 32 ? gemv_kernel<32> : tpr == 64 ? gemv_kernel<64>
-                                          : tpr == 128 ? gemv_kernel<128> : gemv_kernel<256>;
-    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (p->gn_w && (p->gn_dv <= 0 || p->cols % p->gn_dv))
+        return wren_errf(e, "gemv: gated norm over heads of %d does not divide %d", p->gn_dv,
+                         p->cols);
+    size_t smem = ((size_t)xpad_len(p->cols) + (p->gn_w ? p->cols / p->gn_dv : 0)) * sizeof(float);
+    if (smem > g_smem_optin)
+        return wren_errf(e, "gemv: input of %d columns does not fit in shared memory", p->cols);
+    void (*k)(const struct gemv_params) = tpr == 32    ? gemv_kernel<32>
+                                          : tpr == 64  ? gemv_kernel<64>
+                                          : tpr == 128 ? gemv_kernel<128>
+                                                       : gemv_kernel<256>;
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     k<<<nb, GEMV_THREADS, smem, s>>>(*p);
     CUDA_CHECK_LAUNCH();
     return 0;

@@ -26,7 +26,8 @@ __global__ void embed_kernel(const struct dmat m, const int32_t *tok, float *x) 
     x[j] = v;
 }
 
-int embed_launch(const struct dmat *emb, const int32_t *tok, float *x, cudaStream_t s, struct wren_err *e) {
+int embed_launch(const struct dmat *emb, const int32_t *tok, float *x, cudaStream_t s,
+                 struct wren_err *e) {
     embed_kernel<<<(emb->cols + 255) / 256, 256, 0, s>>>(*emb, tok, x);
     CUDA_CHECK_LAUNCH();
     return 0;

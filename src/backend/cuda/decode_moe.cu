@@ -5,7 +5,7 @@
 #include "backend/cuda/decode.cuh"
 
 #define MOE_THREADS 256
-#define MOE_R 4
+#define MOE_R       4
 
 static __device__ __forceinline__ uint4 ldw16(const uint8_t *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));
@@ -13,8 +13,9 @@ static __device__ __forceinline__ uint4 ldw16(const uint8_t *p) {
 
 // Partial dot products over chunks [t, C) step TPR of R rows of one matrix (mat), input xs.
 template <int BITS, int TPR>
-static __device__ __forceinline__ void down_rows(const struct dmat &m, int mat, const int (&rows)[MOE_R],
-                                                 const float *xs, int C, int t, float (&acc)[MOE_R]) {
+static __device__ __forceinline__ void down_rows(const struct dmat &m, int mat,
+                                                 const int (&rows)[MOE_R], const float *xs, int C,
+                                                 int t, float (&acc)[MOE_R]) {
     constexpr int EPC = wfmt<BITS>::EPC;
     const uint8_t *base = m.data + (size_t)mat * m.mat_stride;
     const uint8_t *sb = m.scales + (size_t)mat * m.sb_mat_stride;
@@ -24,7 +25,8 @@ static __device__ __forceinline__ void down_rows(const struct dmat &m, int mat, 
         uint4 w[MOE_R];
         float s[MOE_R], b[MOE_R];
 #pragma unroll
-        for (int i = 0; i < MOE_R; i++) w[i] = ldw16(base + (size_t)rows[i] * m.row_stride + (size_t)c * 16);
+        for (int i = 0; i < MOE_R; i++)
+            w[i] = ldw16(base + (size_t)rows[i] * m.row_stride + (size_t)c * 16);
         if constexpr (BITS != 16) {
             int g = c * EPC / m.group;
 #pragma unroll
@@ -42,7 +44,8 @@ static __device__ __forceinline__ void down_rows(const struct dmat &m, int mat, 
 }
 
 template <int BITS, int TPR>
-__global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(const __grid_constant__ struct moe_down_params p) {
+__global__ void __launch_bounds__(MOE_THREADS)
+    moe_down_kernel(const __grid_constant__ struct moe_down_params p) {
     extern __shared__ float xs[];
     __shared__ float red[MOE_THREADS / 32 * MOE_R];
     __shared__ int ids[64];
@@ -76,8 +79,10 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(const __grid_cons
 #pragma unroll
                 for (int i = 0; i < MOE_R; i++) {
                     size_t o = o0 + (size_t)rows[i] * m.sb_row_stride;
-                    s[i] = bf16_bits_to_f32(__ldg(reinterpret_cast<const uint16_t *>(m.scales + o) + g));
-                    b[i] = bf16_bits_to_f32(__ldg(reinterpret_cast<const uint16_t *>(m.biases + o) + g));
+                    s[i] = bf16_bits_to_f32(
+                        __ldg(reinterpret_cast<const uint16_t *>(m.scales + o) + g));
+                    b[i] = bf16_bits_to_f32(
+                        __ldg(reinterpret_cast<const uint16_t *>(m.biases + o) + g));
                 }
             } else {
 #pragma unroll
@@ -89,9 +94,12 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(const __grid_cons
     if (p.sh_inter > 0) {
         const float *xsh = xs + xpad(p.K * p.inter);
         const int sb = dmat_bits(p.sh_down.type, p.sh_down.bits);
-        if (sb == 4) down_rows<4, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 32, t, acc);
-        else if (sb == 8) down_rows<8, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 16, t, acc);
-        else down_rows<16, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 8, t, acc);
+        if (sb == 4)
+            down_rows<4, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 32, t, acc);
+        else if (sb == 8)
+            down_rows<8, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 16, t, acc);
+        else
+            down_rows<16, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 8, t, acc);
     }
     // reduce over the TPR threads of the group
     constexpr int W = TPR < 32 ? TPR : 32;
@@ -120,12 +128,13 @@ __global__ void __launch_bounds__(MOE_THREADS) moe_down_kernel(const __grid_cons
 }
 
 template <int BITS>
-static int launch_bits(const struct moe_down_params *p, int tpr, int nb, size_t smem, cudaStream_t s,
-                       struct wren_err *e) {
-    void (*k)(const struct moe_down_params) = tpr == 32 ? moe_down_kernel<BITS, 32>
+static int launch_bits(const struct moe_down_params *p, int tpr, int nb, size_t smem,
+                       cudaStream_t s, struct wren_err *e) {
+    void (*k)(const struct moe_down_params) = tpr == 32   ? moe_down_kernel<BITS, 32>
                                               : tpr == 64 ? moe_down_kernel<BITS, 64>
                                                           : moe_down_kernel<BITS, 128>;
-    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     k<<<nb, MOE_THREADS, smem, s>>>(*p);
     CUDA_CHECK_LAUNCH();
     return 0;
@@ -134,11 +143,16 @@ static int launch_bits(const struct moe_down_params *p, int tpr, int nb, size_t 
 int moe_down_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e) {
     if (p->K > 64) return wren_errf(e, "moe: top-k of %d is more than the supported 64", p->K);
     if ((p->K && p->inter % 32) || p->sh_inter % 32)
-        return wren_errf(e, "moe: expert sizes must be multiples of 32 (got %d, %d)", p->inter, p->sh_inter);
+        return wren_errf(e, "moe: expert sizes must be multiples of 32 (got %d, %d)", p->inter,
+                         p->sh_inter);
     const int bits = p->K ? dmat_bits(p->down.type, p->down.bits) : 4;
     // chunks per row across all slots decide how many threads share a row group
-    int chunks = p->K * p->inter / (128 / bits) + (p->sh_inter ? p->sh_inter * dmat_bits(p->sh_down.type, p->sh_down.bits) / 128 : 0);
-    int tpr = chunks >= 128 ? 128 : chunks >= 64 ? 64 : 32;
+    int chunks =
+        p->K * p->inter / (128 / bits) +
+        (p->sh_inter ? p->sh_inter * dmat_bits(p->sh_down.type, p->sh_down.bits) / 128 : 0);
+    // one block per ~SM is enough (each thread keeps 2 x MOE_R loads in flight); more blocks only
+    // repeat the activation prologue
+    int tpr = chunks >= 64 ? 64 : 32;
     int rows_per_block = MOE_THREADS / tpr * MOE_R;
     int nb = (p->hidden + rows_per_block - 1) / rows_per_block;
     size_t smem = (size_t)xpad_len(p->K * p->inter + p->sh_inter) * sizeof(float);

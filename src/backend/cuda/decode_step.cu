@@ -3,12 +3,29 @@
 // launcher), per MoE block 3; then the final norm fused into the lm_head GEMV.
 #include "backend/cuda/decode.cuh"
 
+// Profiling mode (off unless decode_profile_set was called; never inside a captured graph): an
+// event pair around every launcher, attributed to a category.
+static struct decode_prof *g_prof;
+void decode_profile_set(struct decode_prof *p) {
+    g_prof = p;
+}
+
+static int prof_mark(cudaStream_t s, int cat) {
+    struct decode_prof *p = g_prof;
+    if (!p || p->n >= DPROF_MAX) return 0;
+    if (!p->ev[p->n] && cudaEventCreate(&p->ev[p->n]) != cudaSuccess) return -1;
+    p->cat[p->n] = cat;
+    return cudaEventRecord(p->ev[p->n++], s) == cudaSuccess ? 0 : -1;
+}
+#define PROF(cat, call) (prof_mark(cx->stream, cat) || (call) || prof_mark(cx->stream, -1))
+
 __global__ void set_pos_tok_kernel(int *pos, int p, int32_t *tok, int32_t t) {
     *pos = p;
     if (t >= 0) *tok = t;
 }
 
-int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s, struct wren_err *e) {
+int decode_set_pos_tok(struct decode_ws *ws, int pos, int32_t tok, cudaStream_t s,
+                       struct wren_err *e) {
     set_pos_tok_kernel<<<1, 1, 0, s>>>(ws->pos, pos, ws->tok, tok);
     CUDA_CHECK_LAUNCH();
     return 0;
@@ -24,7 +41,8 @@ static struct gemv_seg seg_of(const struct dmat *m, int epi, float *out) {
     return g;
 }
 
-static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L, struct wren_err *e) {
+static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L,
+                     struct wren_err *e) {
     const struct model_config *c = cx->cfg;
     const int K = c->n_experts > 0 ? c->top_k : 0;
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
@@ -46,7 +64,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         gp.ids = ws->ids;
         gp.wts = ws->wts;
         gp.counter = ws->counter;
-        if (gemv_launch(&gp, cx->stream, e)) return -1;
+        if (PROF(DP_ROUTER, gemv_launch(&gp, cx->stream, e))) return -1;
     }
     memset(&gp, 0, sizeof gp);
     gp.x = ws->x;
@@ -68,7 +86,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         g.scale = ws->wts;
         gp.seg[gp.nseg++] = g;
     }
-    if (gemv_launch(&gp, cx->stream, e)) return -1;
+    if (PROF(DP_GATE_UP, gemv_launch(&gp, cx->stream, e))) return -1;
     struct moe_down_params dp;
     memset(&dp, 0, sizeof dp);
     dp.down = L->exp_down;
@@ -80,7 +98,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
     dp.sh_inter = shi;
     dp.out = ws->x;
     dp.hidden = c->hidden;
-    return moe_down_launch(&dp, cx->stream, e);
+    return PROF(DP_DOWN, moe_down_launch(&dp, cx->stream, e));
 }
 
 static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
@@ -100,7 +118,7 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     gp.seg[gp.nseg++] = seg_of(&L->dn_z, EPI_STORE, ws->z);
     gp.seg[gp.nseg++] = seg_of(&L->dn_b, EPI_STORE, ws->b);
     gp.seg[gp.nseg++] = seg_of(&L->dn_a, EPI_STORE, ws->a);
-    if (gemv_launch(&gp, cx->stream, e)) return -1;
+    if (PROF(DP_DN_PROJ, gemv_launch(&gp, cx->stream, e))) return -1;
     struct deltanet_params dp;
     dp.qkv = ws->qkv;
     dp.z = ws->z;
@@ -109,19 +127,22 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     dp.S = st->ssm[j];
     dp.A_log = L->dn_A_log;
     dp.dt_bias = L->dn_dt_bias;
-    dp.norm_w = L->dn_norm;
     dp.y = ws->y;
     dp.k_heads = c->dn_k_heads;
     dp.v_heads = c->dn_v_heads;
     dp.dk = c->dn_k_dim;
     dp.dv = c->dn_v_dim;
     dp.eps = c->rms_eps;
-    if (deltanet_launch(&dp, cx->stream, e)) return -1;
+    if (PROF(DP_DN_STEP, deltanet_launch(&dp, cx->stream, e))) return -1;
     memset(&gp, 0, sizeof gp);
     gp.x = ws->y;
     gp.cols = cfg_dn_v_dim(c);
+    gp.gn_w = L->dn_norm;
+    gp.gn_z = ws->z;
+    gp.gn_dv = c->dn_v_dim;
+    gp.eps = c->rms_eps;
     gp.seg[gp.nseg++] = seg_of(&L->dn_out, EPI_ADD, ws->x);
-    return gemv_launch(&gp, cx->stream, e);
+    return PROF(DP_DN_OUT, gemv_launch(&gp, cx->stream, e));
 }
 
 static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
@@ -136,7 +157,7 @@ static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cud
     gp.seg[gp.nseg++] = seg_of(&L->q_proj, EPI_STORE, ws->qg);
     gp.seg[gp.nseg++] = seg_of(&L->k_proj, EPI_STORE, ws->k);
     gp.seg[gp.nseg++] = seg_of(&L->v_proj, EPI_STORE, ws->v);
-    if (gemv_launch(&gp, cx->stream, e)) return -1;
+    if (PROF(DP_ATT_PROJ, gemv_launch(&gp, cx->stream, e))) return -1;
     struct attn_params ap;
     ap.qg = ws->qg;
     ap.k = ws->k;
@@ -158,17 +179,18 @@ static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cud
     ap.q_ws = ws->q;
     ap.part = ws->part;
     ap.out = ws->att;
-    if (attn_launch(&ap, cx->stream, e)) return -1;
+    if (PROF(DP_ATT, attn_launch(&ap, cx->stream, e))) return -1;
     memset(&gp, 0, sizeof gp);
     gp.x = ws->att;
     gp.cols = c->n_heads * c->head_dim;
     gp.seg[gp.nseg++] = seg_of(&L->o_proj, EPI_ADD, ws->x);
-    return gemv_launch(&gp, cx->stream, e);
+    return PROF(DP_ATT_OUT, gemv_launch(&gp, cx->stream, e));
 }
 
-int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, struct wren_err *e) {
+int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st,
+                   struct wren_err *e) {
     const struct model_config *c = cx->cfg;
-    if (embed_launch(&cx->dm.embed, ws->tok, ws->x, cx->stream, e)) return -1;
+    if (PROF(DP_EMBED, embed_launch(&cx->dm.embed, ws->tok, ws->x, cx->stream, e))) return -1;
     int jd = 0, ja = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const struct dlayer *L = &cx->dm.layers[l];
@@ -183,5 +205,5 @@ int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state 
     gp.norm_w = cx->dm.final_norm;
     gp.eps = c->rms_eps;
     gp.seg[gp.nseg++] = seg_of(&cx->dm.lm_head, EPI_STORE, st->logits);
-    return gemv_launch(&gp, cx->stream, e);
+    return PROF(DP_LM_HEAD, gemv_launch(&gp, cx->stream, e));
 }

@@ -44,10 +44,13 @@ static __device__ void emit(const struct sample_params &p, int tok, float logpro
 }
 
 // ---- greedy: grid-wide argmax, the last block emits -----------------------------------------
-__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const __grid_constant__ struct sample_params p) {
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_kernel(const __grid_constant__ struct sample_params p) {
     unsigned long long best = 0;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n_vocab; i += gridDim.x * blockDim.x) {
-        unsigned long long k = ((unsigned long long)fkey(p.logits[i]) << 32) | (0xFFFFFFFFu - (uint32_t)i);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n_vocab;
+         i += gridDim.x * blockDim.x) {
+        unsigned long long k =
+            ((unsigned long long)fkey(p.logits[i]) << 32) | (0xFFFFFFFFu - (uint32_t)i);
         best = k > best ? k : best;
     }
 #pragma unroll
@@ -92,8 +95,8 @@ struct samp_smem {
 // key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau).
 // Mass of id i is exp(v(i) - vmax).
 template <bool MASS>
-static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax, uint32_t floor_key,
-                                        float target, samp_smem &sm) {
+static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
+                                        uint32_t floor_key, float target, samp_smem &sm) {
     uint32_t prefix = 0, mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += blockDim.x) sm.hist[b] = 0.f, sm.cnt[b] = 0;
@@ -103,8 +106,10 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
             uint32_t k = fkey(v);
             if (k < floor_key || (k & mask) != prefix) continue;
             int bin = (k >> shift) & 255;
-            if (MASS) atomicAdd(&sm.hist[bin], __expf(v - vmax));
-            else atomicAdd(&sm.cnt[bin], 1u);
+            if (MASS)
+                atomicAdd(&sm.hist[bin], __expf(v - vmax));
+            else
+                atomicAdd(&sm.cnt[bin], 1u);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -127,7 +132,8 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
     return prefix;
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_full_kernel(const __grid_constant__ struct sample_params p) {
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_full_kernel(const __grid_constant__ struct sample_params p) {
     __shared__ samp_smem sm;
     const int n = p.n_vocab, tid = threadIdx.x;
     // penalties (HF repetition over prompt + generated; OpenAI presence/frequency over generated)
@@ -143,11 +149,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_full_kernel(const __gri
     }
     // block argmax of the penalised logits (ties: lower id)
     {
-        unsigned long long k = mi == 0x7fffffff ? 0ull : ((unsigned long long)fkey(mx) << 32) | (0xFFFFFFFFu - (uint32_t)mi);
+        unsigned long long k =
+            mi == 0x7fffffff ? 0ull
+                             : ((unsigned long long)fkey(mx) << 32) | (0xFFFFFFFFu - (uint32_t)mi);
         typedef cub::BlockReduce<unsigned long long, SAMPLE_THREADS> BRu;
         __shared__ typename BRu::TempStorage tr;
-        unsigned long long best = BRu(tr).Reduce(k, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; });
-        if (tid == 0) sm.bu = (uint32_t)(0xFFFFFFFFu - (uint32_t)(best & 0xFFFFFFFFu)), sm.bf = kfloat((uint32_t)(best >> 32));
+        unsigned long long best = BRu(tr).Reduce(
+            k, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; });
+        if (tid == 0)
+            sm.bu = (uint32_t)(0xFFFFFFFFu - (uint32_t)(best & 0xFFFFFFFFu)),
+            sm.bf = kfloat((uint32_t)(best >> 32));
         __syncthreads();
         mi = (int)sm.bu;
         mx = sm.bf;
@@ -157,7 +168,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_full_kernel(const __gri
     if (p.temperature > 0.f) {
         const float sc = 1.f / p.temperature, vmax = mx * sc;
         uint32_t floor_key = 0;
-        if (p.top_k > 0 && p.top_k < n) floor_key = radix_select<false>(p.work, n, sc, vmax, 0, (float)p.top_k, sm);
+        if (p.top_k > 0 && p.top_k < n)
+            floor_key = radix_select<false>(p.work, n, sc, vmax, 0, (float)p.top_k, sm);
         if (p.top_p < 1.f) {
             float z = 0.f;
             for (int i = tid; i < n; i += blockDim.x) {
@@ -169,7 +181,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_full_kernel(const __gri
             __syncthreads();
             z = sm.bf;
             __syncthreads();
-            uint32_t t = radix_select<true>(p.work, n, sc, vmax, floor_key, fmaxf(p.top_p, 0.f) * z, sm);
+            uint32_t t =
+                radix_select<true>(p.work, n, sc, vmax, floor_key, fmaxf(p.top_p, 0.f) * z, sm);
             floor_key = t > floor_key ? t : floor_key;
         }
         if (p.min_p > 0.f) {
@@ -234,7 +247,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_full_kernel(const __gri
                     int id = sm.cand_id[a];
                     float v = sm.cand_v[a];
                     int b = a - 1;
-                    while (b >= 0 && (sm.cand_v[b] < v || (sm.cand_v[b] == v && sm.cand_id[b] > id))) {
+                    while (b >= 0 &&
+                           (sm.cand_v[b] < v || (sm.cand_v[b] == v && sm.cand_id[b] > id))) {
                         sm.cand_id[b + 1] = sm.cand_id[b], sm.cand_v[b + 1] = sm.cand_v[b];
                         b--;
                     }
