@@ -14,8 +14,7 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
-// ---- fused-dequant GEMM (gemm_q.cu): C[M, N] = A[M, K] (bf16) * W[N, K]^T
-// ------------------------
+// ---- fused-dequant GEMM (gemm_q.cu): C[M, N] = A[M, K] (bf16) * W[N, K]^T -----------------------
 enum gemm_epi {
     EPI_F32,         // C f32
     EPI_BF16,        // C bf16
