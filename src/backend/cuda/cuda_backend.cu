@@ -621,6 +621,7 @@ static void cuda_destroy(struct backend *b) {
     struct cuda_backend *cb = cb_of(b);
     cudaSetDevice(cb->cx.device);
     if (cb->cx.stream) cudaStreamSynchronize(cb->cx.stream);
+    cuda_prefill_free(&cb->cx);
     for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
     free(cb->allocs);
     for (int i = 0; i < RING_N; i++)

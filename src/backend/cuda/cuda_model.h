@@ -61,12 +61,22 @@ struct cuda_ctx {
     cudaStream_t stream;
     int device, sm_count, cc_major, cc_minor;
     size_t l2_bytes, smem_optin;
+    struct prefill_ws *prefill; // prefill workspace (prefill.cu): NULL until the first prefill
 };
 
 // Prefill of n > 1 tokens at positions [pos, pos + n) (src/backend/cuda/prefill*.cu), same contract
 // as backend_ops.forward: leaves the last logits in st->logits and copies to `logits` if non-NULL.
 int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int32_t *tokens, int n,
                  float *logits, bool all_logits, struct wren_err *e);
+// Releases cx->prefill (call before destroying the context).
+void cuda_prefill_free(struct cuda_ctx *cx);
+
+// Time of the prefill by kernel kind, for benchmarks: once on, each cuda_prefill records events
+// between its phases (and syncs at its end); kind_ms (if non-NULL) receives the sums so far, in
+// milliseconds, which are then reset.
+enum pf_kind { PF_GEMM, PF_ROUTE, PF_EXPERTS, PF_DN, PF_DN_SCAN, PF_ATTN, PF_LOGITS, PF_OTHER, PF_KINDS };
+extern const char *const pf_kind_name[PF_KINDS];
+int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS], struct wren_err *e);
 
 // One decode step for token `tok` at position `pos` (src/backend/cuda/cuda_backend.cu): enqueued on
 // cx->stream (a replayed CUDA graph), not synchronized; leaves the logits in st->logits.

@@ -1,0 +1,304 @@
+// Causal flash attention for a prefill chunk on tensor cores (mma.sync m16n8k16 bf16), head_dim
+// 256, GQA: a block takes 128 (or 64) queries of one head (8 or 4 warps x 16 rows) and streams the KV cache rows
+// [0, pos + last query] in tiles of 64 keys (cp.async, double-buffered), with the online softmax
+// in registers. The chunk's own K/V are written into the cache first (attn_prep), so earlier
+// chunks and this one are read the same way. The output gate sigmoid is applied in the epilogue.
+#include "backend/cuda/prefill.cuh"
+
+namespace {
+
+constexpr int HD = 256, BKV = 64;
+constexpr int CH = HD / 8; // 16-byte chunks per row
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *g, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
+                 "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+// Element offset of chunk c of row r in a [rows][HD] tile; XOR swizzle within groups of 8 chunks.
+__device__ __forceinline__ int fswz(int r, int c) {
+    return r * HD + ((c ^ (r & 7)) << 3);
+}
+
+// q/k RMSNorm + partial rotate-half RoPE; q -> qb [nh][T][hd] bf16, k/v -> caches.
+// Block per (token, head slot): slots [0, nh) q heads, [nh, nh + nkv) k heads, then v heads.
+__global__ void attn_prep_kernel(const attn_dims d, const float *q, const float *k, const float *v,
+                                 const float *q_norm, const float *k_norm, bf16 *qb, uint16_t *kc,
+                                 uint16_t *vc) {
+    extern __shared__ float xs[];
+    __shared__ float red[32];
+    const int t = blockIdx.x, slot = blockIdx.y, hd = d.hd;
+    const float *src;
+    const float *w = nullptr;
+    if (slot < d.nh) {
+        src = q + (size_t)t * d.nh * hd * (d.gate ? 2 : 1) + (size_t)slot * hd * (d.gate ? 2 : 1);
+        w = q_norm;
+    } else if (slot < d.nh + d.nkv) {
+        src = k + (size_t)t * d.nkv * hd + (size_t)(slot - d.nh) * hd;
+        w = k_norm;
+    } else {
+        src = v + (size_t)t * d.nkv * hd + (size_t)(slot - d.nh - d.nkv) * hd;
+    }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        xs[i] = src[i];
+        ss += xs[i] * xs[i];
+    }
+    if (w) {
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(~0u, ss, o);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float tot = 0.f;
+            for (int i = 0; i < (int)(blockDim.x >> 5); i++) tot += red[i];
+            red[0] = rsqrtf(tot / hd + d.eps);
+        }
+        __syncthreads();
+        const float r = red[0];
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) xs[i] *= r * w[i];
+        __syncthreads();
+        const int half = d.rope_dim / 2, p = d.pos + t;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            // angle in double: positions reach 1e5+ and the fastest frequency is 1 rad/token
+            double inv = pow((double)d.theta, -2.0 * i / d.rope_dim);
+            double sn, cs;
+            sincos((double)p * inv, &sn, &cs);
+            float x1 = xs[i], x2 = xs[i + half];
+            xs[i] = x1 * (float)cs - x2 * (float)sn;
+            xs[i + half] = x2 * (float)cs + x1 * (float)sn;
+        }
+    }
+    __syncthreads();
+    bf16 *dst;
+    if (slot < d.nh)
+        dst = qb + ((size_t)slot * d.T + t) * hd;
+    else if (slot < d.nh + d.nkv)
+        dst = reinterpret_cast<bf16 *>(kc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh) * hd;
+    else
+        dst =
+            reinterpret_cast<bf16 *>(vc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh - d.nkv) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(xs[i]);
+}
+
+// NW warps of 16 queries each: 8 (128 queries) amortise each K/V tile over twice the queries and
+// keep two warps per scheduler; 4 for short chunks.
+template <int NW>
+__global__ void __launch_bounds__(NW * 32)
+    flash_kernel(const attn_dims d, const bf16 *qb, const bf16 *kc, const bf16 *vc,
+                 const float *qraw, bf16 *out) {
+    constexpr int BQ = NW * 16, FA_THREADS = NW * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *Qs = reinterpret_cast<bf16 *>(smem_raw);
+    bf16 *Ks = Qs + BQ * HD;      // 2 stages
+    bf16 *Vs = Ks + 2 * BKV * HD; // 2 stages
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // heavy (late) query tiles first
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y;
+    const int q0 = qt * BQ, kvh = h / (d.nh / d.nkv);
+    const size_t kv_stride = (size_t)d.nkv * HD;
+    const int q_last = min(q0 + BQ, d.T) - 1;
+    const int n_keys = d.pos + q_last + 1;
+    const int n_kt = (n_keys + BKV - 1) / BKV;
+
+    const bf16 *qsrc = qb + ((size_t)h * d.T) * HD;
+    for (int i = tid; i < BQ * CH; i += FA_THREADS) {
+        int r = i / CH, c = i % CH;
+        bool ok = q0 + r < d.T;
+        cp_async16(Qs + fswz(r, c), qsrc + (size_t)(ok ? q0 + r : 0) * HD + c * 8, ok);
+    }
+    auto load_kv = [&](int kt) {
+        const int stg = kt & 1;
+        for (int i = tid; i < BKV * CH; i += FA_THREADS) {
+            int r = i / CH, c = i % CH, key = kt * BKV + r;
+            bool ok = key < n_keys;
+            size_t off = (size_t)(ok ? key : 0) * kv_stride + (size_t)kvh * HD + c * 8;
+            cp_async16(Ks + stg * BKV * HD + fswz(r, c), kc + off, ok);
+            cp_async16(Vs + stg * BKV * HD + fswz(r, c), vc + off, ok);
+        }
+    };
+    load_kv(0);
+    cp_async_commit();
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const float sl2 = rsqrtf((float)HD) * 1.4426950408889634f;
+    const int qpos0 = d.pos + q0 + warp * 16 + (lane >> 2); // row of c0/c1; +8 for c2/c3
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        if (kt + 1 < n_kt) load_kv(kt + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16 *kt_s = Ks + (kt & 1) * BKV * HD, *vt_s = Vs + (kt & 1) * BKV * HD;
+
+        float s[BKV / 8][4];
+#pragma unroll
+        for (int i = 0; i < BKV / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+            uint32_t a[4];
+            ldsm_x4(a, Qs + fswz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+#pragma unroll
+            for (int np = 0; np < BKV / 16; np++) {
+                uint32_t b[4];
+                ldsm_x4(b, kt_s + fswz(np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                       ks * 2 + ((lane >> 3) & 1)));
+                mma(s[2 * np], a, b[0], b[1]);
+                mma(s[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        // causal mask (also hides keys past n_keys) and online softmax, base 2
+        const int kbase = kt * BKV;
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < BKV / 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                int key = kbase + nt * 8 + (lane & 3) * 2 + (c & 1);
+                int qp = qpos0 + (c >> 1) * 8;
+                float x = key <= qp ? s[nt][c] * sl2 : -INFINITY;
+                s[nt][c] = x;
+                mx[c >> 1] = fmaxf(mx[c >> 1], x);
+            }
+        float alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 2));
+            alpha[r] = mx[r] == -INFINITY ? 1.f : exp2f(m[r] - mx[r]);
+            m[r] = mx[r];
+        }
+        uint32_t pa[BKV / 16][4];
+#pragma unroll
+        for (int nt = 0; nt < BKV / 8; nt++) {
+            float p[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                p[c] = m[c >> 1] == -INFINITY ? 0.f : exp2f(s[nt][c] - m[c >> 1]);
+                rs[c >> 1] += p[c];
+            }
+            pa[nt >> 1][(nt & 1) * 2] = pack_bf16(p[0], p[1]);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int ks = 0; ks < BKV / 16; ks++) {
+#pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, vt_s + fswz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                         np * 2 + (lane >> 4)));
+                mma(o[2 * np], pa[ks], b[0], b[1]);
+                mma(o[2 * np + 1], pa[ks], b[2], b[3]);
+            }
+        }
+        __syncthreads(); // stage kt&1 is reloaded by the next iteration
+    }
+
+    // finish: quad-reduce l, normalise, gate, store bf16
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(~0u, l[r], 1);
+        l[r] += __shfl_xor_sync(~0u, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int t = q0 + warp * 16 + (lane >> 2) + r * 8;
+        if (t >= d.T) continue;
+        const float inv = 1.f / l[r];
+        const float *g =
+            d.gate ? qraw + (size_t)t * d.nh * HD * 2 + (size_t)h * HD * 2 + HD : nullptr;
+        bf16 *dst = out + (size_t)t * d.nh * HD + (size_t)h * HD;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+            const int c = nt * 8 + (lane & 3) * 2;
+            float v0 = o[nt][r * 2] * inv, v1 = o[nt][r * 2 + 1] * inv;
+            if (g) {
+                v0 *= 1.f / (1.f + __expf(-g[c]));
+                v1 *= 1.f / (1.f + __expf(-g[c + 1]));
+            }
+            *reinterpret_cast<__nv_bfloat162 *>(dst + c) = __floats2bfloat162_rn(v0, v1);
+        }
+    }
+}
+
+template <int NW>
+int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint16_t *k_cache,
+           const uint16_t *v_cache, const float *q, bf16 *out, struct wren_err *e) {
+    constexpr int BQ = NW * 16, smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
+    static bool attr_set = false;
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem));
+        attr_set = true;
+    }
+    dim3 grid((d->T + BQ - 1) / BQ, d->nh);
+    flash_kernel<NW><<<grid, NW * 32, smem, s>>>(*d, qb, reinterpret_cast<const bf16 *>(k_cache),
+                                                 reinterpret_cast<const bf16 *>(v_cache), q, out);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+} // namespace
+
+int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
+                 const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
+                 uint16_t *k_cache, uint16_t *v_cache, struct wren_err *e) {
+    if (d->rope_dim % 2 || d->rope_dim > d->hd)
+        return wren_errf(e, "attention: rope dim %d not supported", d->rope_dim);
+    dim3 grid(d->T, d->nh + 2 * d->nkv);
+    attn_prep_kernel<<<grid, 128, d->hd * sizeof(float), s>>>(*d, q, k, v, q_norm, k_norm, qb,
+                                                              k_cache, v_cache);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
+                  const uint16_t *k_cache, const uint16_t *v_cache, const float *q, bf16 *out,
+                  struct wren_err *e) {
+    if (d->hd != HD || d->nh % d->nkv)
+        return wren_errf(e,
+                         "attention: head dim %d / heads %d:%d not supported by the prefill "
+                         "kernel (head dim 256, whole GQA groups)",
+                         d->hd, d->nh, d->nkv);
+    return d->T > 64 ? launch<8>(s, d, qb, k_cache, v_cache, q, out, e)
+                     : launch<4>(s, d, qb, k_cache, v_cache, q, out, e);
+}

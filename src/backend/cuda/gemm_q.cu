@@ -1,0 +1,486 @@
+// Fused-dequant GEMM on tensor cores (mma.sync m16n8k16 bf16, f32 accumulation), sm_80+.
+// C[M, N] = A[M, K] * W[N, K]^T with W in MLX affine 4/8-bit (or bf16): each 128 x 64 tile of W is
+// dequantized by the block into shared memory and never exists dequantized in device memory.
+// A tiles arrive by cp.async (3 stages); the next W tile is fetched into registers while the
+// current one is multiplied. One kernel serves the dense projections and the grouped (MoE) GEMMs:
+// in grouped mode blockIdx.x indexes a device-built tile map (expert, row range).
+#include "backend/cuda/prefill.cuh"
+
+namespace {
+
+constexpr int BN = 128, BK = 64, NTHREADS = 256, ASTAGES = 3;
+
+struct wview {
+    const uint8_t *data, *scales, *biases;
+    size_t rs, ms, sbrs, sbms;
+    int group;
+};
+
+struct gparams {
+    const bf16 *A;
+    int lda;
+    const int *a_rows;
+    int M, N, K;
+    wview w0, w1;
+    void *C;
+    int ldc;
+    const int *tiles, *n_tiles;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *g, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
+                 "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Element offset of 16-byte chunk c of row r in a [rows][64] bf16 tile, XOR-swizzled so that
+// ldmatrix reads of 8 rows hit 8 different bank groups.
+__device__ __forceinline__ int swz(int r, int c) {
+    return r * BK + ((c ^ (r & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// One thread's share of a W tile: 32 consecutive k of one row.
+struct bfrag {
+    uint4 q[4];
+    float s, b;
+};
+
+template <int BITS>
+__device__ __forceinline__ void load_b(bfrag &f, const uint8_t *wrow, const uint8_t *srow,
+                                       const uint8_t *brow, int group, int k, bool valid) {
+    constexpr int NV = BITS == 4 ? 1 : BITS == 8 ? 2 : 4;
+    if (!valid) {
+#pragma unroll
+        for (int i = 0; i < NV; i++) f.q[i] = make_uint4(0, 0, 0, 0);
+        f.s = f.b = 0.f;
+        return;
+    }
+    const uint4 *p = reinterpret_cast<const uint4 *>(wrow + (size_t)k * BITS / 8);
+#pragma unroll
+    for (int i = 0; i < NV; i++) f.q[i] = __ldg(p + i);
+    if (BITS != 16) {
+        int g = k / group;
+        f.s = __bfloat162float(reinterpret_cast<const bf16 *>(srow)[g]);
+        f.b = __bfloat162float(reinterpret_cast<const bf16 *>(brow)[g]);
+    }
+}
+
+// Dequantizes a fragment into 4 swizzled 16-byte chunks of row v (chunks c0 .. c0+3).
+template <int BITS>
+__device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0) {
+    if (BITS == 16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = f.q[i];
+    } else if (BITS == 4) {
+        // 128 + q as bf16 pairs (exponent of 128, q in the low mantissa bits); minus 128 is exact,
+        // then one bf16x2 FMA (q * s + b, rounded once, like an f32 FMA rounded to bf16).
+        const __nv_bfloat162 s2 = __float2bfloat162_rn(f.s), b2 = __float2bfloat162_rn(f.b);
+        const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(&f.q[0]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t r[4]; // r[j] = (w_j, w_{j+4}) of the 8 values in word i
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t x = ((w[i] >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+                __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162 *>(&x);
+                hv = __hfma2(__hsub2(hv, m128), s2, b2);
+                r[j] = *reinterpret_cast<uint32_t *>(&hv);
+            }
+            uint4 o = make_uint4(__byte_perm(r[0], r[1], 0x5410), __byte_perm(r[2], r[3], 0x5410),
+                                 __byte_perm(r[0], r[1], 0x7632), __byte_perm(r[2], r[3], 0x7632));
+            *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = o;
+        }
+    } else {
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(&f.q[0]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float val[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                val[j] = fmaf(f.s, (float)((w[2 * i + j / 4] >> (8 * (j % 4))) & 0xFFu), f.b);
+            uint4 o = make_uint4(pack_bf16(val[0], val[1]), pack_bf16(val[2], val[3]),
+                                 pack_bf16(val[4], val[5]), pack_bf16(val[6], val[7]));
+            *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = o;
+        }
+    }
+}
+
+__device__ __forceinline__ float silu(float x) {
+    return x / (1.f + __expf(-x));
+}
+
+// Warp grid: 2 x 4 warps of 32 x 32 / 64 x 32 for BM = 64 / 128 (two blocks per SM); 4 x 2 warps
+// of 64 x 64 for BM = 256 (one block per SM, half the dequantization per MMA).
+template <int BM> struct tile_cfg {
+    static constexpr int WARPS_M = BM == 256 ? 4 : 2, WARPS_N = 8 / WARPS_M;
+    static constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N, MT = WM / 16, NT = WN / 8;
+    static constexpr int MIN_BLOCKS = BM == 256 ? 1 : 2;
+};
+
+template <int BITS, int BM, int EPI>
+__global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
+    gemm_q_kernel(const gparams p) {
+    constexpr int WM = tile_cfg<BM>::WM, WN = tile_cfg<BM>::WN, MT = tile_cfg<BM>::MT,
+                  NT = tile_cfg<BM>::NT;
+    constexpr int A_CHUNKS = BM * 8 / NTHREADS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *As = reinterpret_cast<bf16 *>(smem_raw);
+    bf16 *Bs = As + ASTAGES * BM * BK;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / tile_cfg<BM>::WARPS_N, wn = warp % tile_cfg<BM>::WARPS_N;
+
+    int expert = 0, row0, row_end;
+    if (p.tiles) {
+        if ((int)blockIdx.x >= *p.n_tiles) return;
+        expert = p.tiles[3 * blockIdx.x];
+        row0 = p.tiles[3 * blockIdx.x + 1];
+        row_end = p.tiles[3 * blockIdx.x + 2];
+    } else {
+        row0 = blockIdx.x * BM;
+        row_end = min(row0 + BM, p.M);
+    }
+
+    // A rows this thread copies (gathered through a_rows in grouped mode).
+    const bf16 *a_src[A_CHUNKS];
+    bool a_ok[A_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < A_CHUNKS; i++) {
+        int idx = tid + i * NTHREADS, r = row0 + (idx >> 3);
+        a_ok[i] = r < row_end;
+        int src = a_ok[i] ? (p.a_rows ? p.a_rows[r] : r) : 0; // row 0: never read (size 0)
+        a_src[i] = p.A + (size_t)src * p.lda + (idx & 7) * 8;
+    }
+
+    // The W row this thread dequantizes: virtual row v of the tile, half of its 64 k.
+    const int v = tid >> 1, half = tid & 1;
+    int n;
+    const wview w = (EPI == EPI_SWIGLU_BF16 && ((v >> 3) & 1)) ? p.w1 : p.w0;
+    if (EPI == EPI_SWIGLU_BF16) {
+        n = blockIdx.y * 64 + (v >> 4) * 8 + (v & 7);
+    } else {
+        n = blockIdx.y * BN + v;
+    }
+    const bool b_ok = n < p.N;
+    const int nn = b_ok ? n : 0;
+    const uint8_t *wrow = w.data + expert * w.ms + nn * w.rs;
+    const uint8_t *srow = w.scales ? w.scales + expert * w.sbms + nn * w.sbrs : nullptr;
+    const uint8_t *brow = w.biases ? w.biases + expert * w.sbms + nn * w.sbrs : nullptr;
+    const int group = w.group;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    const int KT = p.K / BK;
+    auto load_a = [&](int kt) {
+        if (kt < KT) {
+            bf16 *dst = As + (kt % ASTAGES) * BM * BK;
+#pragma unroll
+            for (int i = 0; i < A_CHUNKS; i++) {
+                int idx = tid + i * NTHREADS;
+                cp_async16(dst + swz(idx >> 3, idx & 7), a_src[i] + kt * BK, a_ok[i]);
+            }
+        }
+        cp_async_commit();
+    };
+
+#pragma unroll
+    for (int s = 0; s < ASTAGES - 1; s++) load_a(s);
+    bfrag f;
+    load_b<BITS>(f, wrow, srow, brow, group, half * 32, b_ok);
+    store_b<BITS>(f, Bs, v, half * 4);
+    if (KT > 1) load_b<BITS>(f, wrow, srow, brow, group, BK + half * 32, b_ok);
+
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<ASTAGES - 2>();
+        __syncthreads();
+        load_a(kt + ASTAGES - 1);
+        if (kt + 1 < KT) {
+            store_b<BITS>(f, Bs + ((kt + 1) & 1) * BN * BK, v, half * 4);
+            if (kt + 2 < KT)
+                load_b<BITS>(f, wrow, srow, brow, group, (kt + 2) * BK + half * 32, b_ok);
+        }
+        const bf16 *a_t = As + (kt % ASTAGES) * BM * BK;
+        const bf16 *b_t = Bs + (kt & 1) * BN * BK;
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ks++) {
+            uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int r = wm * WM + mt * 16 + (lane & 15);
+                ldmatrix_x4(a[mt], a_t + swz(r, ks * 2 + (lane >> 4)));
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                int r = wn * WN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                uint32_t t4[4];
+                ldmatrix_x4(t4, b_t + swz(r, ks * 2 + ((lane >> 3) & 1)));
+                b[2 * np][0] = t4[0];
+                b[2 * np][1] = t4[1];
+                b[2 * np + 1][0] = t4[2];
+                b[2 * np + 1][1] = t4[3];
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma_bf16(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+        }
+    }
+
+    // Epilogue straight from the accumulators (c0,c1: row lane/4, c2,c3: row lane/4 + 8).
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = row0 + wm * WM + mt * 16 + (lane >> 2) + hr * 8;
+            if (r >= row_end) continue;
+            if (EPI == EPI_SWIGLU_BF16) {
+                bf16 *crow = static_cast<bf16 *>(p.C) + (size_t)r * p.ldc;
+#pragma unroll
+                for (int j = 0; j < NT / 2; j++) {
+                    const int c = blockIdx.y * 64 + wn * (WN / 2) + j * 8 + (lane & 3) * 2;
+                    float h0 = silu(acc[mt][2 * j][hr * 2]) * acc[mt][2 * j + 1][hr * 2];
+                    float h1 = silu(acc[mt][2 * j][hr * 2 + 1]) * acc[mt][2 * j + 1][hr * 2 + 1];
+                    if (c + 1 < p.N)
+                        *reinterpret_cast<__nv_bfloat162 *>(crow + c) =
+                            __floats2bfloat162_rn(h0, h1);
+                    else if (c < p.N)
+                        crow[c] = __float2bfloat16(h0);
+                }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int c = blockIdx.y * BN + wn * WN + nt * 8 + (lane & 3) * 2;
+                    const float v0 = acc[mt][nt][hr * 2], v1 = acc[mt][nt][hr * 2 + 1];
+                    if (EPI == EPI_BF16) {
+                        bf16 *crow = static_cast<bf16 *>(p.C) + (size_t)r * p.ldc;
+                        if (c + 1 < p.N)
+                            *reinterpret_cast<__nv_bfloat162 *>(crow + c) =
+                                __floats2bfloat162_rn(v0, v1);
+                        else if (c < p.N)
+                            crow[c] = __float2bfloat16(v0);
+                    } else {
+                        float *crow = static_cast<float *>(p.C) + (size_t)r * p.ldc;
+                        if (EPI == EPI_ADD_F32) {
+                            if (c < p.N) crow[c] += v0;
+                            if (c + 1 < p.N) crow[c + 1] += v1;
+                        } else {
+                            if (c < p.N) crow[c] = v0;
+                            if (c + 1 < p.N) crow[c + 1] = v1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Any layout, any K: one thread per output element. For odd shapes (tiny test models, N = 1).
+__device__ float w_at(const wview &w, enum wtype type, int bits, int e, int n, int k) {
+    const uint8_t *row = w.data + e * w.ms + n * w.rs;
+    switch (type) {
+    case WT_F32:
+        return reinterpret_cast<const float *>(row)[k];
+    case WT_BF16:
+        return __bfloat162float(reinterpret_cast<const bf16 *>(row)[k]);
+    default: {
+        int per = 32 / bits;
+        uint32_t word = reinterpret_cast<const uint32_t *>(row)[k / per];
+        uint32_t q = (word >> (bits * (k % per))) & ((1u << bits) - 1);
+        size_t sb = e * w.sbms + n * w.sbrs;
+        float s = __bfloat162float(reinterpret_cast<const bf16 *>(w.scales + sb)[k / w.group]);
+        float b = __bfloat162float(reinterpret_cast<const bf16 *>(w.biases + sb)[k / w.group]);
+        return s * (float)q + b;
+    }
+    }
+}
+
+__global__ void gemm_generic_kernel(const gparams p, enum wtype type, int bits, int epi, int bm) {
+    int expert = 0, row0, row_end;
+    if (p.tiles) {
+        if ((int)blockIdx.x >= *p.n_tiles) return;
+        expert = p.tiles[3 * blockIdx.x];
+        row0 = p.tiles[3 * blockIdx.x + 1];
+        row_end = p.tiles[3 * blockIdx.x + 2];
+    } else {
+        row0 = blockIdx.x * bm;
+        row_end = min(row0 + bm, p.M);
+    }
+    const int n = blockIdx.y * blockDim.x + threadIdx.x;
+    if (n >= p.N) return;
+    for (int r = row0; r < row_end; r++) {
+        const bf16 *a = p.A + (size_t)(p.a_rows ? p.a_rows[r] : r) * p.lda;
+        float s0 = 0.f, s1 = 0.f;
+        for (int k = 0; k < p.K; k++) {
+            float x = __bfloat162float(a[k]);
+            s0 += x * w_at(p.w0, type, bits, expert, n, k);
+            if (epi == EPI_SWIGLU_BF16) s1 += x * w_at(p.w1, type, bits, expert, n, k);
+        }
+        if (epi == EPI_SWIGLU_BF16) {
+            static_cast<bf16 *>(p.C)[(size_t)r * p.ldc + n] = __float2bfloat16(silu(s0) * s1);
+        } else if (epi == EPI_BF16) {
+            static_cast<bf16 *>(p.C)[(size_t)r * p.ldc + n] = __float2bfloat16(s0);
+        } else if (epi == EPI_ADD_F32) {
+            static_cast<float *>(p.C)[(size_t)r * p.ldc + n] += s0;
+        } else {
+            static_cast<float *>(p.C)[(size_t)r * p.ldc + n] = s0;
+        }
+    }
+}
+
+wview view_of(const struct dmat *m) {
+    wview w;
+    w.data = m->data;
+    w.scales = m->scales;
+    w.biases = m->biases;
+    w.rs = m->row_stride;
+    w.ms = m->mat_stride;
+    w.sbrs = m->sb_row_stride;
+    w.sbms = m->sb_mat_stride;
+    w.group = m->group > 0 ? m->group : 1;
+    return w;
+}
+
+bool aligned16(const void *p, size_t stride) {
+    return ((uintptr_t)p % 16) == 0 && stride % 16 == 0;
+}
+
+template <int BITS, int BM, int EPI>
+int launch_fast(cudaStream_t s, const gparams &p, dim3 grid, struct wren_err *e) {
+    constexpr int smem = (ASTAGES * BM * BK + 2 * BN * BK) * (int)sizeof(bf16);
+    static bool attr_set = false; // per instantiation; setting it twice is harmless
+    if (!attr_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_q_kernel<BITS, BM, EPI>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr_set = true;
+    }
+    gemm_q_kernel<BITS, BM, EPI><<<grid, NTHREADS, smem, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <int BITS, int BM>
+int launch_epi(cudaStream_t s, const gparams &p, dim3 grid, enum gemm_epi epi, struct wren_err *e) {
+    switch (epi) {
+    case EPI_F32:
+        return launch_fast<BITS, BM, EPI_F32>(s, p, grid, e);
+    case EPI_BF16:
+        return launch_fast<BITS, BM, EPI_BF16>(s, p, grid, e);
+    case EPI_ADD_F32:
+        return launch_fast<BITS, BM, EPI_ADD_F32>(s, p, grid, e);
+    default:
+        return launch_fast<BITS, BM, EPI_SWIGLU_BF16>(s, p, grid, e);
+    }
+}
+
+template <int BITS>
+int launch_bm(cudaStream_t s, const gparams &p, dim3 grid, int bm, enum gemm_epi epi,
+              struct wren_err *e) {
+    if (bm == 64) return launch_epi<BITS, 64>(s, p, grid, epi, e);
+    if (bm == 256) return launch_epi<BITS, 256>(s, p, grid, epi, e);
+    return launch_epi<BITS, 128>(s, p, grid, epi, e);
+}
+
+int g_force_bm = 0;
+
+// Tile height of a dense GEMM: 256 when that still gives two waves of blocks, else 128 (64 for
+// a few rows).
+int dense_bm(int M, int N) {
+    if (g_force_bm) return g_force_bm;
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 100;
+    }
+    const int nb = (N + BN - 1) / BN;
+    if (M >= 512 && (M + 255) / 256 * nb >= 2 * sms) return 256;
+    return M <= 64 ? 64 : 128;
+}
+
+} // namespace
+
+void pf_gemm_force_bm(int bm) {
+    g_force_bm = bm;
+}
+
+// Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert.
+int pf_gemm_group_bm(int avg_rows) {
+    if (g_force_bm) return g_force_bm;
+    return avg_rows < 48 ? 64 : avg_rows >= 512 ? 256 : 128;
+}
+
+int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
+            const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
+            const struct gemm_group *grp, struct wren_err *e) {
+    if (M <= 0) return 0;
+    if (epi == EPI_SWIGLU_BF16 &&
+        (!Wup || Wup->type != W->type || Wup->rows != W->rows || Wup->cols != W->cols ||
+         Wup->bits != W->bits || Wup->group != W->group))
+        return wren_errf(e, "gemm: SwiGLU needs gate and up matrices of one shape and format");
+    gparams p;
+    p.A = A;
+    p.lda = lda;
+    p.a_rows = grp ? grp->a_rows : nullptr;
+    p.M = M;
+    p.N = W->rows;
+    p.K = W->cols;
+    p.w0 = view_of(W);
+    p.w1 = view_of(Wup ? Wup : W);
+    p.C = C;
+    p.ldc = ldc;
+    p.tiles = grp ? grp->tiles : nullptr;
+    p.n_tiles = grp ? grp->n_tiles : nullptr;
+    const int bm = grp ? grp->bm : dense_bm(M, W->rows);
+    const int n_mtiles = grp ? grp->max_tiles : (M + bm - 1) / bm;
+    if (n_mtiles <= 0) return 0;
+
+    const bool quant = W->type == WT_Q4 || W->type == WT_Q8;
+    const int bits = W->type == WT_Q4 ? 4 : W->type == WT_Q8 ? 8 : 16;
+    bool fast = (quant || W->type == WT_BF16) && p.K % BK == 0 &&
+                (bm == 64 || bm == 128 || bm == 256) && lda % 8 == 0 && ((uintptr_t)A % 16) == 0 &&
+                aligned16(W->data, W->row_stride) && (W->n <= 1 || W->mat_stride % 16 == 0) &&
+                (!Wup || aligned16(Wup->data, Wup->row_stride)) && ldc % 2 == 0;
+    if (quant) fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0;
+    if (fast) {
+        dim3 grid(n_mtiles, epi == EPI_SWIGLU_BF16 ? (p.N + 63) / 64 : (p.N + BN - 1) / BN);
+        if (bits == 4) return launch_bm<4>(s, p, grid, bm, epi, e);
+        if (bits == 8) return launch_bm<8>(s, p, grid, bm, epi, e);
+        return launch_bm<16>(s, p, grid, bm, epi, e);
+    }
+    dim3 grid(n_mtiles, (p.N + 127) / 128);
+    gemm_generic_kernel<<<grid, 128, 0, s>>>(p, W->type, W->bits, (int)epi, bm);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}

@@ -1,0 +1,107 @@
+// Kernels of the prefill path (prompt chunks of T > 1 tokens) and their host launchers.
+// Launchers only enqueue work on the given stream (no host sync) and return 0, or -1 with a message
+// in e when a launch fails or a shape is not supported.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_model.h"
+
+extern "C" {
+#include "util/err.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+// ---- fused-dequant GEMM (gemm_q.cu): C[M, N] = A[M, K] (bf16) * W[N, K]^T -----------------------
+enum gemm_epi {
+    EPI_F32,         // C f32
+    EPI_BF16,        // C bf16
+    EPI_ADD_F32,     // C f32 += result (residual add; one writer per element)
+    EPI_SWIGLU_BF16, // C bf16 [M, N] = silu(A W^T) * (A Wup^T): gate and up in one GEMM
+};
+
+// Grouped (MoE) mode: the rows are sorted by expert; tile i of the map covers rows
+// [tiles[3i+1], tiles[3i+2]) of expert tiles[3i] (rows of at most `bm`); *n_tiles tiles are valid
+// (read on the device). a_rows (optional) gathers: row r of the GEMM reads A row a_rows[r].
+struct gemm_group {
+    const int *tiles;
+    const int *n_tiles;
+    int max_tiles;
+    int bm;
+    const int *a_rows;
+};
+
+// W (and Wup for SWIGLU) may be a stack of experts only in grouped mode; dense mode uses matrix 0.
+// N = W->rows, K = W->cols; A has row stride lda elements, C row stride ldc elements.
+int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
+            const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
+            const struct gemm_group *grp, struct wren_err *e);
+// The tile height the grouped GEMM uses for an average of `avg_rows` rows per expert.
+int pf_gemm_group_bm(int avg_rows);
+// Test and benchmark hook: forces the tile height (64, 128, 256) of every GEMM; 0 = automatic.
+void pf_gemm_force_bm(int bm);
+
+// ---- MoE routing (moe_route.cu) -----------------------------------------------------------------
+// From router logits [T, E] f32: top-k (softmax, renormalised when norm_topk) ids/weights [T*k],
+// expert-sorted order (sorted_tok[r] = token of row r, slot[t*k+j] = row of token t's j-th choice)
+// and the grouped GEMM tile map for tiles of bm rows. counts/offsets/cursor: [E + 1] int scratch.
+struct moe_route_buf {
+    int *topk_id;
+    float *topk_w;
+    int *counts, *offsets, *cursor;
+    int *sorted_tok, *slot;
+    int *tiles, *n_tiles;
+    int max_tiles;
+};
+int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool norm_topk, int bm,
+                 const struct moe_route_buf *b, struct wren_err *e);
+int pf_moe_max_tiles(int T, int E, int k, int bm);
+// x[t] += sum_j topk_w[t,j] * y_sorted[slot[t,j]] + g[t] * sh[t] where g = sigmoid(sh_gate[2t])
+// (sh_gate has row stride 2; NULL: g = 1); sh NULL: no shared expert
+int pf_moe_combine(cudaStream_t s, float *x, const float *y_sorted, const int *slot,
+                   const float *topk_w, int T, int k, int H, const float *sh, const float *sh_gate,
+                   struct wren_err *e);
+
+// ---- small row kernels (prefill_ops.cu) ---------------------------------------------------------
+int pf_embed(cudaStream_t s, const struct dmat *emb, const int32_t *tokens, int T, float *x,
+             struct wren_err *e);
+// out (bf16) = rmsnorm(x) * w, per row of H
+int pf_rmsnorm_bf16(cudaStream_t s, const float *x, const float *w, int T, int H, float eps,
+                    bf16 *out, struct wren_err *e);
+
+// ---- gated DeltaNet (dn_chunk.cu) ---------------------------------------------------------------
+struct dn_dims {
+    int T, kh, vh, dk, dv, kernel; // conv_dim = 2*kh*dk + vh*dv
+};
+// qkv [T, C] f32 -> qkvc [T, C]: causal depthwise conv over the chunk using conv_state
+// [C][kernel-1] (oldest first), then silu; conv_state becomes the chunk's last inputs. q, k in qkvc
+// are then l2-normalised per head (q also scaled by dk^-1/2). ba [T, 2*vh] f32 (b | a) becomes
+// beta | g in place.
+int pf_dn_prep(cudaStream_t s, const struct dn_dims *d, const float *qkv, float *conv_state,
+               const float *conv_w, float *qkvc, float *ba, const float *A_log,
+               const float *dt_bias, struct wren_err *e);
+// The recurrence over the chunk (state S [vh][dk][dv] f32 in place), o [T, vh*dv] f32.
+int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba, float *S,
+               float *o, struct wren_err *e);
+// y (bf16) = rmsnorm(o per head, w) * silu(z), z [T, vh*dv] bf16
+int pf_dn_gate_norm(cudaStream_t s, const struct dn_dims *d, const float *o, const bf16 *z,
+                    const float *w, float eps, bf16 *y, struct wren_err *e);
+
+// ---- attention (flash_attn.cu) ------------------------------------------------------------------
+struct attn_dims {
+    int T, pos, nh, nkv, hd, rope_dim;
+    float theta, eps;
+    bool gate;
+};
+// q [T, nh*hd*(gate?2:1)] f32 from q_proj, k/v [T, nkv*hd] f32: q/k RMSNorm + RoPE, q to bf16
+// [nh][T][hd] in qb, K/V written to the caches (bf16 [ctx][nkv][hd]) at rows [pos, pos+T).
+int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
+                 const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
+                 uint16_t *k_cache, uint16_t *v_cache, struct wren_err *e);
+// Causal attention of the chunk's queries over cache rows [0, pos+T); out bf16 [T, nh*hd],
+// multiplied by sigmoid(gate) (read from q) when d->gate.
+int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
+                  const uint16_t *k_cache, const uint16_t *v_cache, const float *q, bf16 *out,
+                  struct wren_err *e);

@@ -1,0 +1,193 @@
+// Prefill throughput on a full-size Qwen3.6-35B-A3B-shaped model with random 4-bit weights made
+// on the GPU (no checkpoint has to travel): tokens/s per prompt length, achieved TFLOP/s and the
+// time by kernel kind. Random weights route tokens about uniformly over the experts.
+// usage: check_prefill_bench CHUNK LEN [LEN...]   (prints one line per length)
+#include <algorithm>
+
+#include "check_prefill_util.cuh"
+
+namespace {
+
+__global__ void fill_words(uint32_t *w, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        w[i] = x;
+    }
+}
+// scales/biases for 2^bits levels so that weights are ~ uniform in [-amp, amp]
+__global__ void fill_sb(bf16 *s, bf16 *b, size_t n, float amp, int levels) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float sc = 2.f * amp / (levels - 1);
+        s[i] = __float2bfloat16(sc);
+        b[i] = __float2bfloat16(-amp);
+    }
+}
+__global__ void fill_f(float *p, size_t n, float base, float var, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        p[i] = base + var * ((x & 0xFFFF) / 65536.f - 0.5f);
+    }
+}
+
+uint32_t g_seed = 1;
+size_t g_bytes = 0;
+
+struct dmat qm(int n, int rows, int cols, int bits) {
+    struct dmat d;
+    memset(&d, 0, sizeof d);
+    d.type = bits == 4 ? WT_Q4 : WT_Q8;
+    d.n = n, d.rows = rows, d.cols = cols, d.bits = bits, d.group = 64;
+    d.row_stride = (size_t)cols * bits / 8;
+    d.mat_stride = d.row_stride * rows;
+    d.sb_row_stride = (size_t)cols / 64 * 2;
+    d.sb_mat_stride = d.sb_row_stride * rows;
+    uint8_t *data, *s, *b;
+    CK(cudaMalloc(&data, d.mat_stride * n));
+    CK(cudaMalloc(&s, d.sb_mat_stride * n));
+    CK(cudaMalloc(&b, d.sb_mat_stride * n));
+    g_bytes += d.mat_stride * n + 2 * d.sb_mat_stride * n;
+    fill_words<<<1024, 256>>>((uint32_t *)data, d.mat_stride * n / 4, g_seed++ * 0x9E3779B9u);
+    fill_sb<<<1024, 256>>>((bf16 *)s, (bf16 *)b, d.sb_mat_stride * n / 2, 1.7f / sqrtf((float)cols),
+                           1 << bits);
+    CK(cudaGetLastError());
+    d.data = data, d.scales = s, d.biases = b;
+    return d;
+}
+const float *fv(size_t n, float base, float var) {
+    float *p;
+    CK(cudaMalloc(&p, n * 4));
+    fill_f<<<256, 256>>>(p, n, base, var, g_seed++ * 0x85EBCA6Bu);
+    CK(cudaGetLastError());
+    return p;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s CHUNK LEN [LEN...]\n", argv[0]);
+        return 2;
+    }
+    const int chunk = atoi(argv[1]);
+    int max_len = 0;
+    for (int i = 2; i < argc; i++) max_len = std::max(max_len, atoi(argv[i]));
+
+    struct model_config c;
+    memset(&c, 0, sizeof c);
+    c.hidden = 2048, c.n_layers = 40, c.vocab = 248320, c.rms_eps = 1e-6f;
+    for (int i = 0; i < 40; i++) c.kind[i] = i % 4 == 3 ? LAYER_ATTENTION : LAYER_DELTANET;
+    c.n_heads = 16, c.n_kv_heads = 2, c.head_dim = 256, c.rope_dim = 64, c.rope_theta = 1e7f;
+    c.attn_output_gate = true;
+    c.dn_k_heads = 16, c.dn_v_heads = 32, c.dn_k_dim = 128, c.dn_v_dim = 128, c.conv_kernel = 4;
+    c.n_experts = 256, c.top_k = 8, c.expert_inter = 512, c.shared_inter = 512, c.norm_topk = true;
+    const int H = 2048, C = cfg_dn_conv_dim(&c), V = cfg_dn_v_dim(&c);
+
+    struct cuda_ctx cx;
+    memset(&cx, 0, sizeof cx);
+    cx.cfg = &c;
+    cx.dm.embed = qm(1, c.vocab, H, 4);
+    cx.dm.lm_head = qm(1, c.vocab, H, 4);
+    cx.dm.final_norm = fv(H, 1.f, 0.2f);
+    std::vector<struct dlayer> layers(40);
+    for (int l = 0; l < 40; l++) {
+        struct dlayer &d = layers[l];
+        memset(&d, 0, sizeof d);
+        d.kind = c.kind[l];
+        d.input_norm = fv(H, 1.f, 0.2f);
+        d.post_norm = fv(H, 1.f, 0.2f);
+        if (d.kind == LAYER_DELTANET) {
+            d.dn_qkv = qm(1, C, H, 4), d.dn_z = qm(1, V, H, 4), d.dn_b = qm(1, 32, H, 4);
+            d.dn_a = qm(1, 32, H, 4), d.dn_out = qm(1, H, V, 4);
+            d.dn_conv = fv((size_t)C * 4, 0.f, 1.f), d.dn_A_log = fv(32, -0.5f, 1.f);
+            d.dn_dt_bias = fv(32, 0.f, 1.f), d.dn_norm = fv(128, 1.f, 0.2f);
+        } else {
+            d.q_proj = qm(1, 16 * 512, H, 4), d.k_proj = qm(1, 512, H, 4),
+            d.v_proj = qm(1, 512, H, 4);
+            d.o_proj = qm(1, H, 16 * 256, 4);
+            d.q_norm = fv(256, 1.f, 0.2f), d.k_norm = fv(256, 1.f, 0.2f);
+        }
+        d.router = qm(1, 256, H, 8);
+        d.exp_gate = qm(256, 512, H, 4), d.exp_up = qm(256, 512, H, 4),
+        d.exp_down = qm(256, H, 512, 4);
+        d.sh_gate = qm(1, 512, H, 4), d.sh_up = qm(1, 512, H, 4), d.sh_down = qm(1, H, 512, 4);
+        d.sh_gate_w = qm(1, 1, H, 8);
+    }
+    cx.dm.layers = layers.data();
+    CK(cudaStreamCreate(&cx.stream));
+    CK(cudaDeviceSynchronize());
+    printf("model: %.2f GB of random 4-bit weights on the GPU\n", g_bytes / 1e9);
+
+    struct cuda_state st;
+    st.max_ctx = max_len;
+    st.n_attn = 10, st.n_dn = 30;
+    std::vector<uint16_t *> kc(10), vc(10);
+    std::vector<float *> conv(30), ssm(30);
+    for (int i = 0; i < 10; i++) {
+        CK(cudaMalloc(&kc[i], (size_t)max_len * 2 * 256 * 2));
+        CK(cudaMalloc(&vc[i], (size_t)max_len * 2 * 256 * 2));
+    }
+    for (int i = 0; i < 30; i++) {
+        CK(cudaMalloc(&conv[i], (size_t)C * 3 * 4));
+        CK(cudaMalloc(&ssm[i], (size_t)32 * 128 * 128 * 4));
+    }
+    st.k_cache = kc.data(), st.v_cache = vc.data(), st.conv = conv.data(), st.ssm = ssm.data();
+    CK(cudaMalloc(&st.logits, (size_t)c.vocab * 4));
+
+    std::vector<int32_t> tok(max_len);
+    for (auto &t : tok) t = (int32_t)(rnd_u32() % 248000);
+    std::vector<float> logits(c.vocab);
+    // FLOPs per token: projections + experts + shared + router (2 per MAC), attention by context
+    const double proj_dn = 2.0 * H * (C + V + 64) + 2.0 * V * H;
+    const double proj_at = 2.0 * H * (16 * 512 + 1024) + 2.0 * 4096 * H;
+    const double mlp = 2.0 * H * 512 * 3 * (8 + 1) + 2.0 * H * 257;
+    const double per_tok = 30 * proj_dn + 10 * proj_at + 40 * mlp;
+
+    auto run = [&](int len, bool prof) {
+        for (int i = 0; i < 30; i++) {
+            CK(cudaMemsetAsync(conv[i], 0, (size_t)C * 3 * 4, cx.stream));
+            CK(cudaMemsetAsync(ssm[i], 0, (size_t)32 * 128 * 128 * 4, cx.stream));
+        }
+        CK(cudaStreamSynchronize(cx.stream));
+        OK(cuda_prefill_profile(&cx, prof, nullptr, ERR));
+        gpu_timer tm;
+        tm.start(cx.stream);
+        for (int p = 0; p < len; p += chunk)
+            OK(cuda_prefill(&cx, &st, p, tok.data() + p, std::min(chunk, len - p),
+                            p + chunk >= len ? logits.data() : nullptr, false, ERR));
+        return tm.stop_ms(cx.stream);
+    };
+    run(std::min(chunk, max_len), false); // warm-up: workspace, kernel attributes
+    for (int i = 2; i < argc; i++) {
+        const int len = atoi(argv[i]);
+        float ms = run(len, false);
+        double attn = 10.0 * 4 * 16 * 256 * ((double)len * (len + 1) / 2);
+        double flop = per_tok * len + attn;
+        printf(
+            "prefill chunk=%d len=%7d: %9.1f ms  %9.0f tok/s  %6.1f TFLOP/s (matmul+attention)\n",
+            chunk, len, ms, len / ms * 1e3, flop / ms / 1e9);
+        fflush(stdout);
+        if (len == 2048 || len == 32768) {
+            double kind[PF_KINDS];
+            OK(cuda_prefill_profile(&cx, true, nullptr, ERR));
+            float pms = run(len, true);
+            OK(cuda_prefill_profile(&cx, false, kind, ERR));
+            printf("  breakdown at len=%d (profiled run %.1f ms):", len, pms);
+            for (int k = 0; k < PF_KINDS; k++) printf(" %s %.1f ms;", pf_kind_name[k], kind[k]);
+            printf("\n");
+        }
+    }
+    bool finite = true;
+    for (float x : logits) finite = finite && x == x && fabsf(x) < 1e30f;
+    printf("last logits finite: %s\n", finite ? "yes" : "NO");
+    cuda_prefill_free(&cx);
+    return finite ? 0 : 1;
+}

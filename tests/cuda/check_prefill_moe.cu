@@ -1,0 +1,167 @@
+// MoE prefill on the GPU (routing, grouped gate+up SwiGLU GEMM, grouped down GEMM, weighted
+// combine with the gated shared expert) vs a CPU MoE block. Routing is random and uneven: one
+// expert takes every token, several take none. `--bench`: the 35B expert shapes at several T,
+// both tile heights.
+#include <algorithm>
+
+#include "check_prefill_util.cuh"
+
+struct moe_dev {
+    moe_route_buf rb;
+    float *logits, *y, *x, *sh, *shg;
+    uint16_t *A, *h;
+};
+
+static moe_dev alloc_moe(int T, int E, int k, int H, int I, int bm) {
+    moe_dev m;
+    m.rb.max_tiles = pf_moe_max_tiles(T, E, k, bm);
+    m.rb.topk_id = dev_poison<int>((size_t)T * k);
+    m.rb.topk_w = dev_poison<float>((size_t)T * k);
+    m.rb.counts = dev_poison<int>(E + 1);
+    m.rb.offsets = dev_poison<int>(E + 1);
+    m.rb.cursor = dev_poison<int>(E + 1);
+    m.rb.sorted_tok = dev_poison<int>((size_t)T * k);
+    m.rb.slot = dev_poison<int>((size_t)T * k);
+    m.rb.tiles = dev_poison<int>((size_t)3 * m.rb.max_tiles);
+    m.rb.n_tiles = dev_poison<int>(1);
+    m.y = dev_poison<float>((size_t)T * k * H);
+    m.h = dev_poison<uint16_t>((size_t)T * k * I);
+    m.logits = m.x = m.sh = m.shg = nullptr;
+    m.A = nullptr;
+    return m;
+}
+
+static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int I, int bm,
+                    const tmat &G, const tmat &U, const tmat &D, bool with_shared) {
+    OK(pf_moe_route(s, m.logits, T, E, k, true, bm, &m.rb, ERR));
+    gemm_group g1 = {m.rb.tiles, m.rb.n_tiles, m.rb.max_tiles, bm, m.rb.sorted_tok};
+    OK(pf_gemm(s, (const bf16 *)m.A, H, T * k, &G.d, &U.d, m.h, I, EPI_SWIGLU_BF16, &g1, ERR));
+    gemm_group g2 = {m.rb.tiles, m.rb.n_tiles, m.rb.max_tiles, bm, nullptr};
+    OK(pf_gemm(s, (const bf16 *)m.h, I, T * k, &D.d, nullptr, m.y, H, EPI_F32, &g2, ERR));
+    OK(pf_moe_combine(s, m.x, m.y, m.rb.slot, m.rb.topk_w, T, k, H, with_shared ? m.sh : nullptr,
+                      m.shg, ERR));
+}
+
+static void check(int T, int E, int k, int H, int I, int bm) {
+    tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
+         D = make_tmat(WT_Q4, E, H, I, 64);
+    std::vector<float> logits((size_t)T * E), x0((size_t)T * H), sh((size_t)T * H), shg(2 * T);
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) {
+            float v = rnd_n() * 2.f;
+            if (e == 1) v += 30.f;               // expert 1 takes every token
+            if (e >= E - 3) v -= 100.f;          // the last three take none
+            if (e == 5 && t % 7 == 0) v += 12.f; // expert 5 some
+            logits[(size_t)t * E + e] = v;
+        }
+    for (auto &v : x0) v = rnd_n();
+    for (auto &v : sh) v = rnd_n();
+    for (auto &v : shg) v = rnd_n();
+    std::vector<uint16_t> A = rand_bf16((size_t)T * H, 1.f);
+
+    moe_dev m = alloc_moe(T, E, k, H, I, bm);
+    m.logits = dev_upload(logits);
+    m.x = dev_upload(x0);
+    m.sh = dev_upload(sh);
+    m.shg = dev_upload(shg);
+    m.A = dev_upload(A);
+    run_moe(0, m, T, E, k, H, I, bm, G, U, D, true);
+    CK(cudaDeviceSynchronize());
+    std::vector<float> got = dev_download(m.x, (size_t)T * H);
+    std::vector<int> gid = dev_download(m.rb.topk_id, (size_t)T * k);
+
+    // CPU: softmax, top-k, renormalise; experts on bf16-rounded weights and a bf16 hidden vector
+    std::vector<float> ref = x0;
+    int id_mismatch = 0;
+    std::vector<float> h(I);
+    for (int t = 0; t < T; t++) {
+        const float *lr = &logits[(size_t)t * E];
+        float mx = *std::max_element(lr, lr + E);
+        std::vector<double> p(E);
+        double sum = 0;
+        for (int e = 0; e < E; e++) sum += p[e] = exp((double)lr[e] - mx);
+        std::vector<int> idx(E);
+        for (int e = 0; e < E; e++) idx[e] = e;
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return p[a] > p[b]; });
+        double psum = 0;
+        for (int j = 0; j < k; j++) psum += p[idx[j]] / sum;
+        for (int j = 0; j < k; j++) {
+            int e = idx[j];
+            if (gid[(size_t)t * k + j] != e) id_mismatch++;
+            double w = p[e] / sum / psum;
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0;
+                for (int c = 0; c < H; c++) {
+                    double a = h_f32(A[(size_t)t * H + c]);
+                    g += a * round_bf16(G.at(e, i, c));
+                    u += a * round_bf16(U.at(e, i, c));
+                }
+                h[i] = round_bf16(h_silu((float)g) * (float)u);
+            }
+            for (int c = 0; c < H; c++) {
+                double y = 0;
+                for (int i = 0; i < I; i++) y += (double)h[i] * round_bf16(D.at(e, c, i));
+                ref[(size_t)t * H + c] += (float)(w * y);
+            }
+        }
+        float sg = 1.f / (1.f + expf(-shg[2 * t]));
+        for (int c = 0; c < H; c++) ref[(size_t)t * H + c] += sg * sh[(size_t)t * H + c];
+    }
+    char what[160];
+    snprintf(what, sizeof what, "moe T=%d E=%d k=%d H=%d I=%d bm=%d (top-k ids %d/%d equal)", T, E,
+             k, H, I, bm, T * k - id_mismatch, T * k);
+    // compare the MoE contribution (out - x0), not the residual that dominates it
+    for (size_t i = 0; i < got.size(); i++) got[i] -= x0[i], ref[i] -= x0[i];
+    report(what, id_mismatch ? INFINITY : rel_l2(got.data(), ref.data(), got.size()), 2e-3);
+}
+
+static void bench(int T, int bm) {
+    const int E = 256, k = 8, H = 2048, I = 512;
+    static tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
+                D = make_tmat(WT_Q4, E, H, I, 64);
+    std::vector<float> logits((size_t)T * E);
+    for (auto &v : logits) v = rnd_n();
+    moe_dev m = alloc_moe(T, E, k, H, I, bm);
+    m.logits = dev_upload(logits);
+    m.x = dev_poison<float>((size_t)T * H);
+    CK(cudaMemset(m.x, 0, sizeof(float) * T * H));
+    m.A = dev_upload(rand_bf16((size_t)T * H, 1.f));
+    gpu_timer tm;
+    run_moe(0, m, T, E, k, H, I, bm, G, U, D, false);
+    const int reps = 10;
+    float t_route = 0, t_gu = 0, t_down = 0;
+    for (int r = 0; r < reps; r++) {
+        tm.start(0);
+        OK(pf_moe_route(0, m.logits, T, E, k, true, bm, &m.rb, ERR));
+        t_route += tm.stop_ms(0);
+        gemm_group g1 = {m.rb.tiles, m.rb.n_tiles, m.rb.max_tiles, bm, m.rb.sorted_tok};
+        tm.start(0);
+        OK(pf_gemm(0, (const bf16 *)m.A, H, T * k, &G.d, &U.d, m.h, I, EPI_SWIGLU_BF16, &g1, ERR));
+        t_gu += tm.stop_ms(0);
+        gemm_group g2 = {m.rb.tiles, m.rb.n_tiles, m.rb.max_tiles, bm, nullptr};
+        tm.start(0);
+        OK(pf_gemm(0, (const bf16 *)m.h, I, T * k, &D.d, nullptr, m.y, H, EPI_F32, &g2, ERR));
+        t_down += tm.stop_ms(0);
+    }
+    t_route /= reps, t_gu /= reps, t_down /= reps;
+    double f_gu = 2.0 * T * k * 2 * I * H, f_down = 2.0 * T * k * H * I;
+    printf("bench moe T=%6d bm=%3d: route %.3f ms, gate+up %.3f ms (%.0f TFLOP/s), down %.3f ms "
+           "(%.0f TFLOP/s), experts %.0f TFLOP/s\n",
+           T, bm, t_route, t_gu, f_gu / t_gu / 1e9, t_down, f_down / t_down / 1e9,
+           (f_gu + f_down) / (t_gu + t_down) / 1e9);
+}
+
+int main(int argc, char **argv) {
+    check(200, 16, 4, 256, 128, 64);
+    check(200, 16, 4, 256, 128, 128);
+    check(300, 8, 4, 256, 128, 256);
+    check(37, 24, 8, 128, 64, 64);
+    check(1, 16, 4, 128, 64, 128);
+    if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
+        for (int T : {512, 1024, 2048, 4096, 16384, 32768})
+            for (int bm : {64, 128, 256})
+                if (T * 8 / 256 >= bm / 4 && T * 8 / 256 <= bm * 8) bench(T, bm);
+    }
+    printf(g_fail ? "check_prefill_moe: FAIL\n" : "check_prefill_moe: all ok\n");
+    return g_fail;
+}
