@@ -69,7 +69,7 @@ int gen_open(struct gen *g, const struct gen_opts *o, struct wren_err *e) {
     g->en = wren_engine_open(&o->engine, e);
     if (progress_enabled()) fprintf(stderr, "\r\x1b[K");
     if (!g->en) goto fail;
-    if (!(g->s = wren_session_new(g->en, o->ctx, e))) goto fail;
+    if (!(g->s = wren_session_new(g->en, 0, e))) goto fail;
     g->flavor = chat_flavor_detect(dir);
     merge_sampling(g, &gc);
     for (int i = 0; i < gc.n_eos; i++) add_eos(g, gc.eos[i]);

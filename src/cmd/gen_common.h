@@ -34,7 +34,6 @@ struct gen_opts {
     struct sampler_params sampling; // values of the fields in `set`
     unsigned set;
     int max_tokens; // 0: until an end token, a stop string or the end of the context
-    int ctx;        // session context in tokens (0: the engine's default)
     const char *stop[GEN_MAX_STOPS];
     int n_stop;
     const char *system;
@@ -58,7 +57,6 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i);
     "  --repetition-penalty X   HF repetition penalty over prompt + generated tokens (1 = off)\n"  \
     "  --seed N                 sampling seed (default: random)\n"                                 \
     "  --stop TEXT              stop at TEXT, not printed (repeatable)\n"                          \
-    "  --ctx N                  context size in tokens (default: the engine's)\n"                  \
     "  --log FILE               append one JSON line per turn (token ids, counts)\n"
 
 struct gen {

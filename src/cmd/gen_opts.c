@@ -63,7 +63,6 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
                                              "--repetition-penalty",
                                              "--seed",
                                              "--stop",
-                                             "--ctx",
                                              "--log"};
     const char *name = NULL;
     for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
@@ -109,9 +108,7 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
             return -1;
         }
         o->stop[o->n_stop++] = v;
-    } else if (!strcmp(name, "--ctx"))
-        bad = opt_int(name, v, 1, 1 << 30, &o->ctx);
-    else if (!strcmp(name, "--log"))
+    } else if (!strcmp(name, "--log"))
         o->log_path = v;
     return bad ? -1 : 1;
 }
