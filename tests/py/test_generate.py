@@ -124,6 +124,36 @@ def test_prompt_matches_template(model, tmp_path, hf_tok):
         assert r["prompt"] == hf_tok.encode(want, add_special_tokens=False).ids
 
 
+def model_with_config(model, tmp_path, config):
+    """The model's files linked into a new directory, with this generation_config.json."""
+    d = tmp_path / "with_config"
+    d.mkdir()
+    for name in os.listdir(model):
+        if name != "generation_config.json":
+            os.symlink(os.path.join(os.path.abspath(model), name), d / name)
+    (d / "generation_config.json").write_text(json.dumps(config))
+    return str(d)
+
+
+def test_generation_config(model, tmp_path):
+    args = ["-p", "Tell me a story.", "--max-tokens", "12"]
+    _, _, [greedy] = wren("run", model, *args, "--temp", "0", tmp_path=tmp_path)
+    ids = greedy["generated"]
+    assert len(ids) == 12
+    # The first greedy token not seen before (position k) as the end token.
+    k = max([0] + [i for i in range(1, 12) if ids[i] not in ids[:i]][:1])
+    # do_sample false: greedy by default; generation stops at the end token, unprinted.
+    cfg = model_with_config(model, tmp_path, {"do_sample": False, "temperature": 0.9,
+                                              "eos_token_id": [ids[k]]})
+    out, err, [r] = wren("run", cfg, *args, tmp_path=tmp_path)
+    assert r["generated"] == ids[:k + 1] and r["finish"] == "stop"
+    assert f"generated {k + 1} tokens" in err
+    # Command-line flags override the file.
+    _, _, [s1] = wren("run", cfg, *args, "--temp", "1", "--seed", "5", tmp_path=tmp_path)
+    _, _, [s2] = wren("run", model, *args, "--temp", "1", "--seed", "5", tmp_path=tmp_path)
+    assert s1["generated"][:2] == s2["generated"][:2] and s1["generated"][:2] != ids[:2]
+
+
 def chat_turns(model, tmp_path, lines, *args):
     out, err, recs = wren("chat", model, "--temp", "0", "--max-tokens", "16", *args,
                           stdin="\n".join(lines).encode() + b"\n", tmp_path=tmp_path)
