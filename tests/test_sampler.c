@@ -290,6 +290,36 @@ static void test_large_vocab(void) {
     sampler_free(s);
     CHECK(outside == 0, "%d draws outside the top-p set", outside);
     printf("large vocab (%d): %.2f ms per token (top_p %.2f, logprobs 5)\n", V, dt * 1e3, TOP_P);
+
+    // top-k through the heap (small k) and through quickselect (large k): every draw is among
+    // the k largest logits.
+    float *lsorted = xmalloc(sizeof(float) * NV);
+    memcpy(lsorted, l, sizeof(float) * NV);
+    qsort(lsorted, NV, sizeof(float), cmp_desc);
+    const int ks[3] = {20, 3000, 20000};
+    for (int j = 0; j < 3; j++) {
+        p = sampler_defaults();
+        p.top_k = ks[j], p.temperature = 2.0f, p.n_vocab = NV, p.seed = 11;
+        s = sampler_new(&p, V, NULL, 0);
+        int bad = 0, distinct = 0;
+        char *hit = xcalloc(NV, 1);
+        t0 = now_sec();
+        for (int i = 0; i < 200; i++) {
+            memcpy(row, l, sizeof(float) * V);
+            struct sampled_token t;
+            sampler_sample(s, row, &t);
+            bad += t.id >= NV || l[t.id] < lsorted[ks[j] - 1];
+            distinct += !hit[t.id];
+            hit[t.id] = 1;
+        }
+        dt = (now_sec() - t0) / 200;
+        sampler_free(s);
+        free(hit);
+        CHECK(bad == 0 && distinct > 1, "top_k %d: %d draws outside, %d distinct", ks[j], bad,
+              distinct);
+        printf("large vocab: %.2f ms per token (top_k %d)\n", dt * 1e3, ks[j]);
+    }
+    free(lsorted);
     free(l), free(row), free(pr), free(sorted);
 }
 

@@ -266,18 +266,58 @@ static int top_p_prefilter(struct cand *c, int n, double target) {
     return k;
 }
 
+static void sift_down(struct cand *h, int n, int i) {
+    for (;;) {
+        int m = i, a = 2 * i + 1, b = a + 1;
+        if (a < n && h[a].v < h[m].v) m = a;
+        if (b < n && h[b].v < h[m].v) m = b;
+        if (m == i) return;
+        cswap(&h[i], &h[m]);
+        i = m;
+    }
+}
+
+// The k largest finite logits in one pass with a min-heap of size k: nearly every logit is
+// rejected by one comparison with the heap's minimum, so a small top_k (Qwen recommends 20)
+// costs about one read of the row. Returns how many were found (< k if fewer are finite).
+static int heap_top_k(const float *l, int n, int k, struct cand *h) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        float v = l[i];
+        if (m == k) {
+            if (v > h[0].v) {
+                h[0].v = v, h[0].id = i;
+                sift_down(h, k, 0);
+            }
+        } else if (v > -INFINITY) {
+            int j = m++;
+            h[j].v = v, h[j].id = i;
+            while (j > 0 && h[(j - 1) / 2].v > h[j].v) {
+                cswap(&h[j], &h[(j - 1) / 2]);
+                j = (j - 1) / 2;
+            }
+        }
+    }
+    return m;
+}
+
 static int32_t sample_truncated(struct sampler *s, const float *l) {
     const struct sampler_params *p = &s->p;
     struct cand *c = s->cand;
     float inv_t = 1.0f / p->temperature;
     int n = 0;
-    for (int i = 0; i < s->n_valid; i++)
-        if (l[i] > -INFINITY) c[n].v = fminf(l[i] * inv_t, FLT_MAX), c[n++].id = i;
-    if (n == 0) return argmax(l, s->n_valid);
-    if (p->top_k > 0 && p->top_k < n) {
-        select_top(c, n, p->top_k);
-        n = p->top_k;
+    if (p->top_k > 0 && p->top_k <= 8192) {
+        n = heap_top_k(l, s->n_valid, p->top_k, c);
+        for (int i = 0; i < n; i++) c[i].v = fminf(c[i].v * inv_t, FLT_MAX);
+    } else {
+        for (int i = 0; i < s->n_valid; i++)
+            if (l[i] > -INFINITY) c[n].v = fminf(l[i] * inv_t, FLT_MAX), c[n++].id = i;
+        if (p->top_k > 0 && p->top_k < n) {
+            select_top(c, n, p->top_k);
+            n = p->top_k;
+        }
     }
+    if (n == 0) return argmax(l, s->n_valid);
     float mx = -INFINITY;
     for (int i = 0; i < n; i++)
         if (c[i].v > mx) mx = c[i].v;
