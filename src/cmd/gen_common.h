@@ -55,7 +55,7 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i);
     "  --presence-penalty X     OpenAI presence penalty over generated tokens\n"                   \
     "  --frequency-penalty X    OpenAI frequency penalty over generated tokens\n"                  \
     "  --repetition-penalty X   HF repetition penalty over prompt + generated tokens (1 = off)\n"  \
-    "  --seed N                 sampling seed (default: random)\n"                                 \
+    "  --seed N                 sampling seed, the same for every chat turn (default: random)\n"   \
     "  --stop TEXT              stop at TEXT, not printed (repeatable)\n"                          \
     "  --log FILE               append one JSON line per turn (token ids, counts)\n"
 
@@ -81,6 +81,9 @@ void gen_close(struct gen *g);
 // Forgets the conversation state (session and snapshot).
 void gen_reset(struct gen *g);
 
+// Timing: t_prefill covers feeding the new prompt tokens; t_gen the whole generate call (the
+// first token comes from the prefill's logits, each later one costs a decode step), so the
+// decode rate reported is n_gen / t_gen.
 struct turn_out {
     char *reasoning, *content; // malloc'd, NUL-terminated (what was printed)
     int n_prompt;              // prompt tokens
