@@ -61,6 +61,8 @@ static void test_greedy_and_mask(void) {
     CHECK(draw(&p, l, V, NULL) == 123, "greedy picks the first argmax below n_vocab");
     p.n_vocab = 0; // 0: the whole row
     CHECK(draw(&p, l, V, NULL) == 950, "n_vocab 0 means the whole row");
+    p.temperature = 1e-30f; // would overflow the scaled logits: greedy
+    CHECK(draw(&p, l, V, NULL) == 950, "a vanishing temperature is greedy");
 
     // Sampling with a huge logit in the padding: never drawn.
     float m[V];

@@ -356,7 +356,9 @@ void sampler_sample(struct sampler *s, float *logits, struct sampled_token *out)
             s->p.n_logprobs < WREN_MAX_TOP_LOGPROBS ? s->p.n_logprobs : WREN_MAX_TOP_LOGPROBS;
         logprobs(logits, s->n_valid, out, n_top, &lse);
     }
-    int32_t id = s->p.temperature > 0 ? sample_truncated(s, logits) : argmax(logits, s->n_valid);
+    // Below 1e-5 the scaled logits would overflow; the distribution is a point mass anyway.
+    bool greedy = !(s->p.temperature >= 1e-5f);
+    int32_t id = greedy ? argmax(logits, s->n_valid) : sample_truncated(s, logits);
     out->id = id;
     out->logprob = s->p.n_logprobs >= 0 ? (float)((double)logits[id] - lse) : 0.0f;
 }

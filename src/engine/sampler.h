@@ -7,7 +7,8 @@
 //      accepted so far (count > 0), not the prompt;
 //   4. logprobs: log-softmax of these penalised logits at temperature 1 (independent of the
 //      temperature and truncation below), sampled id and the top n_logprobs (<= 20);
-//   5. temperature <= 0: argmax (lowest id on ties). Otherwise divide by the temperature, keep the
+//   5. temperature < 1e-5: argmax (lowest id on ties). Otherwise divide by the temperature, keep
+//   the
 //      top_k largest, then the smallest most-likely-first prefix whose probability (renormalised
 //      over what is left) reaches top_p, then drop ids whose probability is below min_p times the
 //      most likely one (HF order: temperature, top-k, top-p, min-p), and draw with xoshiro256**
@@ -18,7 +19,7 @@
 #include <stdint.h>
 
 struct sampler_params {
-    float temperature;        // <= 0: greedy (argmax)
+    float temperature;        // < 1e-5 (e.g. 0): greedy (argmax)
     int top_k;                // <= 0: off
     float top_p;              // >= 1: off
     float min_p;              // <= 0: off
