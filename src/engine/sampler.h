@@ -7,12 +7,12 @@
 //      accepted so far (count > 0), not the prompt;
 //   4. logprobs: log-softmax of these penalised logits at temperature 1 (independent of the
 //      temperature and truncation below), sampled id and the top n_logprobs (<= 20);
-//   5. temperature < 1e-5: argmax (lowest id on ties). Otherwise divide by the temperature, keep
-//   the
-//      top_k largest, then the smallest most-likely-first prefix whose probability (renormalised
-//      over what is left) reaches top_p, then drop ids whose probability is below min_p times the
-//      most likely one (HF order: temperature, top-k, top-p, min-p), and draw with xoshiro256**
-//      seeded from `seed` through splitmix64: the same seed and logits give the same ids.
+//   5. temperature < 1e-5: argmax (lowest id on ties). Otherwise divide by the temperature,
+//      keep the top_k largest, then the smallest most-likely-first prefix whose probability
+//      (renormalised over what is left) reaches top_p, then drop ids whose probability is below
+//      min_p times the most likely one (HF order: temperature, top-k, top-p, min-p), and draw
+//      with xoshiro256** seeded from `seed` through splitmix64: the same seed and logits give
+//      the same ids.
 // After sampler_sample the logits row holds the penalised logits (steps 2-3).
 #pragma once
 #include <stdbool.h>
