@@ -156,16 +156,19 @@ def test_generation_config(model, tmp_path):
 
 
 def chat_turns(model, tmp_path, lines, *args):
-    out, err, recs = wren("chat", model, "--temp", "0", "--max-tokens", "16", *args,
+    out, err, recs = wren("chat", model, "--max-tokens", "16", *(args or ["--temp", "0"]),
                           stdin="\n".join(lines).encode() + b"\n", tmp_path=tmp_path)
     summaries = re.findall(r"prefilled (\d+) new tokens, (\d+) reused", err)
     return out, [(int(a), int(b)) for a, b in summaries], recs
 
 
-def test_chat_reuses_state_exactly(model, tmp_path, hf_tok):
+@pytest.mark.parametrize("sampling", [["--temp", "0"],
+                                      ["--temp", "0.8", "--seed", "3", "--repetition-penalty",
+                                       "1.2", "--presence-penalty", "0.5"]])
+def test_chat_reuses_state_exactly(model, tmp_path, hf_tok, sampling):
     lines = ["Hello, who are you?", "/think off", "What is the capital of France?",
              "/think on", "And of Italy?"]
-    _, summaries, recs = chat_turns(model, tmp_path, lines)
+    _, summaries, recs = chat_turns(model, tmp_path, lines, *sampling)
     assert len(summaries) == 3 and len(recs) == 3
     assert summaries[0][1] == 0
     for (fresh, reused), r in zip(summaries, recs):
@@ -178,11 +181,12 @@ def test_chat_reuses_state_exactly(model, tmp_path, hf_tok):
         want = tpl.render(messages=r["messages"], add_generation_prompt=True,
                           enable_thinking=think)
         assert r["prompt"] == hf_tok.encode(want, add_special_tokens=False).ids
-        # ...and a fresh run over the same conversation (no reused state) gives the same tokens.
+        # ...and a fresh run over the same conversation (no reused state) gives the same tokens
+        # (sampling: each chat turn uses the seed, and the penalties see the same history).
         path = os.path.join(str(tmp_path), f"conv{len(r['messages'])}.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(r["messages"], f, ensure_ascii=False)
-        _, _, [fresh] = wren("run", model, "--messages", path, "--temp", "0", "--max-tokens", "16",
+        _, _, [fresh] = wren("run", model, "--messages", path, *sampling, "--max-tokens", "16",
                              *([] if think else ["--no-think"]), tmp_path=tmp_path)
         assert fresh["reused"] == 0
         assert fresh["prompt"] == r["prompt"]
