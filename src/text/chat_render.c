@@ -38,7 +38,7 @@ struct render {
 };
 
 // raise_exception(reason): the template's own words.
-static int raise(struct render *r, const char *reason) {
+static int template_raise(struct render *r, const char *reason) {
     return wren_errf(r->e, "%s", reason);
 }
 
@@ -73,13 +73,13 @@ static int render_content(struct render *r, const cJSON *content, bool count, bo
         return 0;
     }
     if (!content || cJSON_IsNull(content)) return 0;
-    if (!cJSON_IsArray(content)) return raise(r, "Unexpected content type.");
+    if (!cJSON_IsArray(content)) return template_raise(r, "Unexpected content type.");
     for (const cJSON *item = content->child; item; item = item->next) {
         int a, b;
         if ((a = py_in(item, "image", r)) < 0) return -1;
         if (!a && (a = py_in(item, "image_url", r)) < 0) return -1;
         if (a || is_str(pyjson_get(item, "type"), "image")) {
-            if (is_system) return raise(r, "System message cannot contain images.");
+            if (is_system) return template_raise(r, "System message cannot contain images.");
             if (count) r->image_count++;
             if (r->add_vision_id) sb_printf(sb, "Picture %d: ", r->image_count);
             sb_puts(sb, "<|vision_start|><|image_pad|><|vision_end|>");
@@ -87,13 +87,13 @@ static int render_content(struct render *r, const cJSON *content, bool count, bo
         }
         if ((b = py_in(item, "video", r)) < 0) return -1;
         if (b || is_str(pyjson_get(item, "type"), "video")) {
-            if (is_system) return raise(r, "System message cannot contain videos.");
+            if (is_system) return template_raise(r, "System message cannot contain videos.");
             if (count) r->video_count++;
             if (r->add_vision_id) sb_printf(sb, "Video %d: ", r->video_count);
             sb_puts(sb, "<|vision_start|><|video_pad|><|vision_end|>");
             continue;
         }
-        if (!py_in(item, "text", r)) return raise(r, "Unexpected item type in content.");
+        if (!py_in(item, "text", r)) return template_raise(r, "Unexpected item type in content.");
         // item.text: a dict's value (str() of it); a string or list has no such attribute ('').
         if (cJSON_IsObject(item)) pyjson_str(sb, pyjson_get(item, "text"));
     }
@@ -214,30 +214,29 @@ static int last_query_index(struct render *r, int *out) {
             return 0;
         }
     }
-    return raise(r, "No user query found in messages.");
+    return template_raise(r, "No user query found in messages.");
 }
 
-// tool_call.arguments as a mapping. OpenAI clients send a JSON string, which is parsed first
-// (as vLLM does); null and "" mean no arguments. *owned is set when the result must be freed.
-static const cJSON *tool_arguments(struct render *r, const cJSON *args, cJSON **owned) {
+// tool_call.arguments as a mapping (*map, NULL for none). OpenAI clients send a JSON string,
+// which is parsed first (as vLLM does; null and "" mean no arguments) into *owned.
+static int tool_arguments(struct render *r, const cJSON *args, const cJSON **map, cJSON **owned) {
+    *map = NULL;
     *owned = NULL;
-    if (cJSON_IsNull(args) || (cJSON_IsString(args) && !args->valuestring[0])) return NULL;
+    if (cJSON_IsNull(args) || (cJSON_IsString(args) && !args->valuestring[0])) return 0;
     if (cJSON_IsString(args)) {
         struct wren_err pe;
-        cJSON *v =
-            pyjson_parse(args->valuestring, strlen(args->valuestring), PYJSON_NONFINITE, &pe);
-        if (!v) {
-            wren_errf(r->e, "tool call arguments are not valid JSON: %s", pe.msg);
-            return (const cJSON *)r; // error marker, see caller
-        }
-        *owned = v;
-        args = v;
+        const char *s = args->valuestring;
+        if (!(*owned = pyjson_parse(s, strlen(s), PYJSON_NONFINITE, &pe)))
+            return wren_errf(r->e, "tool call arguments are not valid JSON: %s", pe.msg);
+        args = *owned;
     }
     if (!cJSON_IsObject(args)) {
-        wren_errf(r->e, "tool call arguments must be a JSON object");
-        return (const cJSON *)r;
+        cJSON_Delete(*owned);
+        *owned = NULL;
+        return wren_errf(r->e, "tool call arguments must be a JSON object");
     }
-    return args;
+    *map = args;
+    return 0;
 }
 
 static int render_tool_calls(struct render *r, const cJSON *calls, const char *content,
@@ -262,8 +261,8 @@ static int render_tool_calls(struct render *r, const cJSON *calls, const char *c
         const cJSON *args = pyjson_get(tc, "arguments");
         if (args) {
             cJSON *owned;
-            const cJSON *map = tool_arguments(r, args, &owned);
-            if (map == (const cJSON *)r) return -1;
+            const cJSON *map;
+            if (tool_arguments(r, args, &map, &owned)) return -1;
             for (const cJSON *a = map ? map->child : NULL; a; a = a->next) {
                 sb_puts(out, "<parameter=");
                 sb_puts(out, a->string);
@@ -350,7 +349,7 @@ static int render_messages(struct render *r, const cJSON *kwargs, struct strbuf 
         const cJSON *role = role_of(m);
         int rc = 0;
         if (is_str(role, "system")) {
-            if (i != 0) rc = raise(r, "System message must be at the beginning.");
+            if (i != 0) rc = template_raise(r, "System message must be at the beginning.");
         } else if (is_str(role, "user")) {
             sb_puts(out, "<|im_start|>user\n");
             sb_puts(out, content);
@@ -365,7 +364,7 @@ static int render_messages(struct render *r, const cJSON *kwargs, struct strbuf 
             sb_puts(out, "\n</tool_response>");
             if (!m->next || !is_str(role_of(m->next), "tool")) sb_puts(out, "<|im_end|>\n");
         } else {
-            rc = raise(r, "Unexpected message role.");
+            rc = template_raise(r, "Unexpected message role.");
         }
         free(content);
         if (rc) return -1;
@@ -379,7 +378,7 @@ int chat_render(const cJSON *request, enum chat_flavor flavor, bool add_generati
     const cJSON *kwargs = pyjson_get(request, "chat_template_kwargs");
     struct render r = {.flavor = flavor, .messages = pyjson_get(request, "messages"), .e = e};
     r.add_vision_id = py_truthy(pyjson_get(kwargs, "add_vision_id"));
-    if (!py_truthy(r.messages)) return raise(&r, "No messages provided.");
+    if (!py_truthy(r.messages)) return template_raise(&r, "No messages provided.");
     if (!cJSON_IsArray(r.messages))
         return wren_errf(e, "messages must be a list of message objects");
     struct strbuf sb = {0};

@@ -23,6 +23,10 @@ enum {
 // strings, nesting deeper than 512. Returns NULL with a message in e on error.
 struct cJSON *pyjson_parse(const char *text, size_t len, int flags, struct wren_err *e);
 
+// Makes a cJSON object's keys unique the way a Python dict built from its pairs would be: each
+// repeated key keeps its first position and takes its last value.
+void pyjson_dedupe_keys(struct cJSON *obj);
+
 // json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in order, Python's int and
 // float spelling (1, 1.0, 1e+16, NaN, Infinity).
 void pyjson_dump(struct strbuf *sb, const struct cJSON *v);
@@ -33,6 +37,9 @@ void pyjson_dump_verbatim(struct strbuf *sb, const struct cJSON *v);
 void pyjson_str(struct strbuf *sb, const struct cJSON *v);
 // Python's repr of a float (shortest round-trip digits; 1e-05, 0.0001, 1e+16, 1.0).
 void py_float_repr(struct strbuf *sb, double d);
+// A NUL-terminated copy of s[0..n) that is valid UTF-8: each invalid byte becomes U+FFFD (like
+// Python's decode(errors="replace") per byte) and the copy ends at the first NUL byte.
+char *utf8_valid_copy(const char *s, size_t n);
 // Python truthiness of a JSON value; NULL (undefined) is false.
 bool py_truthy(const struct cJSON *v);
 // The value of key in object o (the last one if the key repeats), NULL if o is not an object.
