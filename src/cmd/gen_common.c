@@ -362,9 +362,7 @@ int gen_chat_turn(struct gen *g, const cJSON *messages, bool think, struct turn_
         (nh = tokenizer_encode(g->tok, hist, strlen(hist), &hids, e)) > 0 &&
         common_prefix(hids, nh, ids, n) == nh)
         snap_at = nh;
-    size_t fl = strlen(full);
-    bool in_reasoning = fl >= 8 && !strcmp(full + fl - 8, "<think>\n");
-    rc = run_turn(g, ids, n, snap_at, true, in_reasoning, messages, out, e);
+    rc = run_turn(g, ids, n, snap_at, true, chat_prompt_in_reasoning(full), messages, out, e);
 done:
     free(full);
     free(hist);

@@ -8,6 +8,7 @@
 
 #include "cmd/cmd.h"
 #include "cmd/gen_common.h"
+#include "text/chat.h"
 #include "util/util.h"
 
 struct run_opts {
@@ -86,8 +87,13 @@ static cJSON *conversation(const struct run_opts *o, const char *prompt, struct 
         size_t len;
         char *text = read_file(o->messages_path, &len, e);
         if (!text) return NULL;
-        cJSON *root = cJSON_ParseWithLength(text, len);
+        // Numbers keep their spelling (1 vs 1.0) for the template, as in a server request.
+        cJSON *root = chat_request_parse(text, len, e);
         free(text);
+        if (!root) {
+            wren_err_prefix(e, "%s: ", o->messages_path);
+            return NULL;
+        }
         cJSON *msgs = cJSON_IsObject(root) ? cJSON_DetachItemFromObject(root, "messages") : root;
         if (msgs != root) cJSON_Delete(root);
         if (!cJSON_IsArray(msgs)) {

@@ -53,12 +53,13 @@ def test_missing_model():
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("{ not json", "messages"),
-    ('{"role": "user"}', "messages"),
-    ('[{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]', "System"),
-    ('[{"role": "wizard", "content": "a"}]', ""),
-    ('[{"role": "assistant", "content": "a"}]', "user"),
-    ('[1, 2, 3]', ""),
+    ("{ not json", "m.json: invalid JSON"),
+    ('{"role": "user"}', "m.json: expected a JSON array of messages"),
+    ('[{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]',
+     "System message must be at the beginning"),
+    ('[{"role": "wizard", "content": "a"}]', "No user query"),
+    ('[{"role": "assistant", "content": "a"}]', "No user query"),
+    ('[1, 2, 3]', "No user query"),
 ])
 def test_bad_messages(model, tmp_path, text, needle):
     path = tmp_path / "m.json"
