@@ -228,6 +228,18 @@ static void test_determinism(void) {
     sampler_free(s1), sampler_free(s2), sampler_free(s3);
     CHECK(!memcmp(a, b, sizeof a), "same seed, same ids");
     CHECK(memcmp(a, c, sizeof a), "different seed, different ids");
+
+    // The draw does not depend on how the kept set was selected: top_k = vocab (heap path)
+    // keeps everything, like no top_k, and must give the same ids for the same seed.
+    p = sampler_defaults();
+    p.temperature = 1.5f, p.seed = 99;
+    s1 = sampler_new(&p, V, NULL, 0);
+    p.top_k = V;
+    s2 = sampler_new(&p, V, NULL, 0);
+    int same = 0;
+    for (int i = 0; i < N; i++) same += draw(&p, l, V, s1) == draw(&p, l, V, s2);
+    sampler_free(s1), sampler_free(s2);
+    CHECK(same == N, "selection path changed %d of %d draws", N - same, N);
 }
 
 // Empirical frequencies against softmax(l / T); a 4-sigma bound per id.

@@ -223,6 +223,11 @@ static int cand_desc(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static int cand_by_id(const void *a, const void *b) {
+    const struct cand *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
 // Smallest prefix of the descending order whose mass reaches `target`. Sorts only as much as
 // needed: geometric chunks are selected from the unsorted rest, so a peaked distribution (the
 // usual case) costs a few hundred sorted elements instead of the whole vocabulary.
@@ -306,15 +311,18 @@ static int32_t sample_truncated(struct sampler *s, const float *l) {
     struct cand *c = s->cand;
     float inv_t = 1.0f / p->temperature;
     int n = 0;
+    bool in_id_order = false;
     if (p->top_k > 0 && p->top_k <= 8192) {
         n = heap_top_k(l, s->n_valid, p->top_k, c);
         for (int i = 0; i < n; i++) c[i].v = fminf(c[i].v * inv_t, FLT_MAX);
     } else {
         for (int i = 0; i < s->n_valid; i++)
             if (l[i] > -INFINITY) c[n].v = fminf(l[i] * inv_t, FLT_MAX), c[n++].id = i;
+        in_id_order = true;
         if (p->top_k > 0 && p->top_k < n) {
             select_top(c, n, p->top_k);
             n = p->top_k;
+            in_id_order = false;
         }
     }
     if (n == 0) return argmax(l, s->n_valid);
@@ -328,6 +336,7 @@ static int32_t sample_truncated(struct sampler *s, const float *l) {
         if (p->top_p <= 0) target = 0; // only the most likely token
         if (n > 4096) n = top_p_prefilter(c, n, target);
         n = top_p_cut(c, n, target);
+        in_id_order = false;
         sum = 0;
         for (int i = 0; i < n; i++) sum += c[i].v;
     }
@@ -339,6 +348,9 @@ static int32_t sample_truncated(struct sampler *s, const float *l) {
         n = k; // the maximum always passes (min_p <= 1), so n >= 1 unless min_p > 1
         if (n == 0) return argmax(l, s->n_valid);
     }
+    // The draw scans the kept ids in ascending id order, whatever order the selection left them
+    // in, so that another implementation (a device sampler) can reproduce it from the same u.
+    if (!in_id_order) qsort(c, (size_t)n, sizeof *c, cand_by_id);
     double u = rng_uniform(s->rng) * sum, cum = 0;
     for (int i = 0; i < n; i++) {
         cum += c[i].v;

@@ -11,7 +11,9 @@
 //      keep the top_k largest, then the smallest most-likely-first prefix whose probability
 //      (renormalised over what is left) reaches top_p, then drop ids whose probability is below
 //      min_p times the most likely one (HF order: temperature, top-k, top-p, min-p), and draw
-//      with xoshiro256** seeded from `seed` through splitmix64: the same seed and logits give
+//      with xoshiro256** seeded from `seed` through splitmix64: one u = (next >> 11) * 2^-53
+//      per token, times the kept total weight; the token is the first kept id, in ascending id
+//      order, whose cumulative weight exp(l/T - max) exceeds it. The same seed and logits give
 //      the same ids.
 // After sampler_sample the logits row holds the penalised logits (steps 2-3).
 #pragma once
