@@ -1,4 +1,18 @@
 // Token sampling on the host: the CPU backend's sampler and the reference for device samplers.
+// Order of the steps (device samplers must follow it):
+//   1. ids >= n_vocab are never considered (the embedding is padded past the tokenizer);
+//   2. repetition penalty (HF): over ids in history + accepted tokens, positive logits are divided
+//      by it, negative ones multiplied;
+//   3. presence/frequency penalties (OpenAI): logit -= count * frequency + presence, over ids
+//      accepted so far (count > 0), not the prompt;
+//   4. logprobs: log-softmax of these penalised logits at temperature 1 (independent of the
+//      temperature and truncation below), sampled id and the top n_logprobs (<= 20);
+//   5. temperature <= 0: argmax (lowest id on ties). Otherwise divide by the temperature, keep the
+//      top_k largest, then the smallest most-likely-first prefix whose probability (renormalised
+//      over what is left) reaches top_p, then drop ids whose probability is below min_p times the
+//      most likely one (HF order: temperature, top-k, top-p, min-p), and draw with xoshiro256**
+//      seeded from `seed` through splitmix64: the same seed and logits give the same ids.
+// After sampler_sample the logits row holds the penalised logits (steps 2-3).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,8 +26,8 @@ struct sampler_params {
     float frequency_penalty;  // OpenAI semantics, over generated tokens; 0: off
     float repetition_penalty; // HF semantics, over prompt + generated tokens; 1: off
     uint64_t seed;
-    int n_vocab;     // ids >= n_vocab are never sampled (the embedding is padded past the tokenizer)
-    int n_logprobs;  // < 0: no logprobs; else report the sampled logprob and this many top ones
+    int n_vocab;    // ids >= n_vocab are never sampled (the embedding is padded past the tokenizer)
+    int n_logprobs; // < 0: no logprobs; else report the sampled logprob and this many top ones
 };
 
 #define WREN_MAX_TOP_LOGPROBS 20

@@ -15,9 +15,17 @@ enum chat_flavor { CHAT_QWEN36, CHAT_QWEN35 };
 // tokenizer_config.json in dir); Qwen3.6 when dir is NULL or has no template.
 enum chat_flavor chat_flavor_detect(const char *dir);
 
+// Parses a request body for chat_render. Like cJSON_Parse, but numbers keep their spelling (1 vs
+// 1.0, see util/pyjson.h) so that tojson output matches Python's exactly; a tree from plain
+// cJSON_Parse also works, with integral floats then written as ints. NULL + e when invalid.
+struct cJSON *chat_request_parse(const char *text, size_t len, struct wren_err *e);
+
 // Renders request fields `messages`, `tools`, `chat_template_kwargs` (enable_thinking,
-// preserve_thinking) into the prompt text (malloc'd), with the generation prompt when asked.
-// A conversation the official template rejects is an error with the template's reason.
+// preserve_thinking, add_vision_id) into the prompt text (malloc'd), with the generation prompt
+// when asked, byte for byte as jinja2 renders the official template. Tool call `arguments` may
+// be objects or JSON strings (parsed first, as vLLM does; null or "" = no arguments).
+// A conversation the official template rejects is an error with the template's reason
+// ("System message must be at the beginning.", ...).
 int chat_render(const struct cJSON *request, enum chat_flavor flavor, bool add_generation_prompt,
                 char **out, struct wren_err *e);
 
@@ -30,9 +38,9 @@ struct chat_event {
     enum chat_event_kind kind;
     const char *text; // REASONING/CONTENT: the new text (len bytes)
     size_t len;
-    int tool_index;          // TOOL_CALL: index of the call in this reply
-    const char *tool_name;   // TOOL_CALL: function name
-    const char *arguments;   // TOOL_CALL: complete JSON arguments object
+    int tool_index;        // TOOL_CALL: index of the call in this reply
+    const char *tool_name; // TOOL_CALL: function name
+    const char *arguments; // TOOL_CALL: complete JSON arguments object
 };
 typedef void (*chat_event_cb)(void *ud, const struct chat_event *ev);
 

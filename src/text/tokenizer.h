@@ -10,7 +10,8 @@
 
 struct tokenizer;
 
-// Loads DIR/tokenizer.json (and DIR/tokenizer_config.json when present).
+// Loads DIR/tokenizer.json (DIR may also be the tokenizer.json file itself). Everything encoding
+// and decoding need is in that file; tokenizer_config.json is not read.
 struct tokenizer *tokenizer_load(const char *dir, struct wren_err *e);
 void tokenizer_free(struct tokenizer *t);
 
@@ -26,14 +27,21 @@ int32_t tokenizer_token_id(const struct tokenizer *t, const char *token);
 bool tokenizer_is_special(const struct tokenizer *t, int32_t id);
 // The raw bytes a token stands for (after byte-level decoding); NULL for an unknown id.
 const char *tokenizer_token_bytes(const struct tokenizer *t, int32_t id, size_t *len);
+// Length in bytes of the longest token.
+size_t tokenizer_max_token_len(const struct tokenizer *t);
 
 // Streaming detokenizer: emits text only once the bytes form complete UTF-8 characters.
 struct detok {
     char pending[8];
     int n_pending;
 };
+// Start a stream with `struct detok d = {0};`.
 // Appends the text of `id` to out (cap bytes) and returns the number of bytes written; bytes of an
-// incomplete character are held in d until completed. Invalid sequences become U+FFFD.
+// incomplete character are held in d until completed. Invalid sequences become U+FFFD (one per
+// maximal ill-formed subpart, as String::from_utf8_lossy / Python's errors='replace' on the whole
+// stream). Unknown ids add nothing. Output beyond cap is cut: give at least detok_out_cap(t).
 size_t detok_push(const struct tokenizer *t, struct detok *d, int32_t id, char *out, size_t cap);
 // Flushes held bytes (as U+FFFD) at the end of a stream.
 size_t detok_flush(struct detok *d, char *out, size_t cap);
+// Output room that one detok_push or detok_flush can need.
+size_t detok_out_cap(const struct tokenizer *t);
