@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "engine/gen_config.h"
 #include "server/cache.h"
 #include "server/http.h"
 #include "server/internal.h"
@@ -28,32 +29,6 @@ void server_opts_default(struct server_opts *o) {
         .cache_bytes = (size_t)4096 << 20,
         .snapshot_every = 2048,
     };
-}
-
-// Sampling defaults from the checkpoint's generation_config.json (requests override them).
-static void load_gen_defaults(struct server *sv, const char *dir) {
-    sv->gen_defaults = sampler_defaults();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    struct wren_err e;
-    size_t len;
-    char *text = read_file(path, &len, &e);
-    if (!text) return;
-    cJSON *g = cJSON_ParseWithLength(text, len);
-    free(text);
-    const cJSON *v;
-    struct sampler_params *p = &sv->gen_defaults;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItem(g, "temperature")))
-        p->temperature = (float)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItem(g, "top_p"))) p->top_p = (float)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItem(g, "top_k"))) p->top_k = v->valueint;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItem(g, "min_p"))) p->min_p = (float)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItem(g, "repetition_penalty")))
-        p->repetition_penalty = (float)v->valuedouble;
-    if (cJSON_IsNumber(v = cJSON_GetObjectItem(g, "presence_penalty")))
-        p->presence_penalty = (float)v->valuedouble;
-    if (cJSON_IsFalse(cJSON_GetObjectItem(g, "do_sample"))) p->temperature = 0;
-    cJSON_Delete(g);
 }
 
 static void model_name(struct server *sv, const char *dir) {
@@ -85,7 +60,9 @@ static int open_model(struct server *sv, struct wren_err *e) {
                          "%s: the tokenizer has no <|im_start|>/<|im_end|> tokens (not a Qwen "
                          "chat tokenizer?)",
                          dir);
-    load_gen_defaults(sv, dir);
+    struct gen_config gc;
+    if (gen_config_load(dir, &gc, e)) return -1;
+    sv->gen_defaults = gc.sampling;
     model_name(sv, dir);
     return 0;
 }

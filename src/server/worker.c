@@ -11,8 +11,8 @@
 
 #include "server/cache.h"
 #include "server/internal.h"
-#include "server/stopseq.h"
 #include "text/chat.h"
+#include "text/stop_strings.h"
 #include "text/tokenizer.h"
 #include "util/util.h"
 
@@ -22,7 +22,8 @@ struct gen {
     struct server *sv;
     struct job *j;
     struct detok dt;
-    struct stopseq stop;
+    struct stop_strings *stop;
+    bool stopped; // a stop string matched
     struct chat_parser *parser;
     const char *finish; // "stop" / "length"; NULL while generating
     bool cancelled, timed_out;
@@ -115,7 +116,7 @@ static void to_parser(void *ud, const char *text, size_t len) {
 
 // Generated text -> stop filter -> chat parser -> events. True when a stop sequence matched.
 static bool push_text(struct gen *g, const char *text, size_t len) {
-    return stopseq_push(&g->stop, text, len, to_parser, g);
+    return g->stopped = stop_strings_push(g->stop, text, len, to_parser, g);
 }
 
 static bool push_token_text(struct gen *g, int32_t id) {
@@ -336,7 +337,7 @@ static void run_job(struct server *sv, struct job *j) {
     int room = sv->n_ctx - j->n_prompt;
     int max_new = j->req.max_tokens > 0 ? j->req.max_tokens : sv->o.max_tokens_default;
     if (max_new <= 0 || max_new > room) max_new = room;
-    stopseq_init(&g.stop, (const char *const *)j->req.stop, j->req.n_stop);
+    g.stop = stop_strings_new((const char *const *)j->req.stop, j->req.n_stop);
     g.parser = chat_parser_new(j->req.tools, j->in_reasoning);
     g.force = forced_text(&j->req);
     g.tool_calls = cJSON_CreateArray();
@@ -352,8 +353,8 @@ static void run_job(struct server *sv, struct job *j) {
     // Flush what the detokenizer, the stop filter and the parser still hold.
     char tail[16];
     size_t n = detok_flush(&g.dt, tail, sizeof tail);
-    if (!g.stop.hit) push_text(&g, tail, n);
-    stopseq_flush(&g.stop, to_parser, &g);
+    if (!g.stopped) push_text(&g, tail, n);
+    stop_strings_flush(g.stop, to_parser, &g);
     chat_parser_finish(g.parser, on_event, &g);
     metrics_generation(&sv->metrics, j->n_prompt, cached, j->n_prompt - cached, t1 - t0, g.n_gen,
                        t2 - t1);
@@ -387,7 +388,7 @@ static void run_job(struct server *sv, struct job *j) {
         metrics_request(&sv->metrics, OUT_OK);
     }
     chat_parser_free(g.parser);
-    stopseq_free(&g.stop);
+    stop_strings_free(g.stop);
     free(g.force);
     free(g.reasoning);
     free(g.content);
