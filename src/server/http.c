@@ -43,6 +43,13 @@ static enum MHD_Result error(struct MHD_Connection *c, int status, const char *t
     return send_error(c, &err);
 }
 
+static enum MHD_Result too_large(struct server *sv, struct MHD_Connection *c) {
+    char limit[32];
+    snprintf(limit, sizeof limit, "%zu", sv->o.max_body);
+    return error(c, 413, "invalid_request_error",
+                 "the request body is larger than the limit of %s bytes (--max-body)", limit);
+}
+
 static bool client_gone(int fd) {
     if (fd < 0) return false;
     char ch;
@@ -183,8 +190,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > sv->o.max_body) {
             rc->too_large = true;
-            return error(c, 413, "invalid_request_error",
-                         "the request body is larger than the limit of %s bytes", "--max-body");
+            return too_large(sv, c);
         }
         return MHD_YES;
     }
@@ -203,9 +209,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
-    if (rc->too_large)
-        return error(c, 413, "invalid_request_error",
-                     "the request body is larger than the limit (%s)", "--max-body");
+    if (rc->too_large) return too_large(sv, c);
     if (!strcmp(url, "/health"))
         return send_body(c, 200, "application/json", xstrdup("{\"status\":\"ok\"}"));
     if (!authorized(sv, c))
