@@ -11,10 +11,14 @@ struct backend *cuda_backend_create(const struct model *m, const struct backend_
     wren_errf(e, "this wren was built without the CUDA backend (nvcc was not found at build time)");
     return NULL;
 }
-int cuda_device_count(void) { return 0; }
+int cuda_device_count(void) {
+    return 0;
+}
 #endif
 
-bool backend_cuda_available(void) { return cuda_device_count() > 0; }
+bool backend_cuda_available(void) {
+    return cuda_device_count() > 0;
+}
 
 struct backend *backend_create(const struct model *m, const struct backend_opts *o,
                                struct wren_err *e) {

@@ -32,6 +32,9 @@ struct backend_ops {
     int (*forward)(struct backend *b, struct bstate *s, int pos, const int32_t *tokens, int n,
                    float *logits, bool all_logits, struct wren_err *e);
 
+    // Copies the logits left in s by the last forward (or a restored snapshot) to out[vocab].
+    int (*read_logits)(struct backend *b, struct bstate *s, float *out, struct wren_err *e);
+
     // Samples up to max_new tokens starting from the logits left in s by the last forward, feeding
     // each sampled token back. `history` is the whole sequence so far (for penalties). Sets *fed to
     // the number of sampled tokens whose effect is now in s (all of them, or all but the last).
@@ -55,13 +58,14 @@ struct backend {
     const struct model *model;
     int max_chunk;       // largest n forward accepts
     size_t device_bytes; // memory the backend holds for weights (0 for the CPU's mmap)
+    int kv_elem_bytes;   // bytes per cached K/V element (4: f32, 2: bf16)
 };
 
 struct backend_opts {
-    const char *name; // "cpu", "cuda" or "auto"
-    int threads;      // CPU threads (0: all cores)
+    const char *name;  // "cpu", "cuda" or "auto"
+    int threads;       // CPU threads (0: all cores)
     int prefill_chunk; // 0: backend default
-    int device;       // GPU index
+    int device;        // GPU index
 };
 
 // Creates the named backend for a loaded model ("auto": CUDA when a GPU is usable, else CPU).

@@ -17,17 +17,19 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 
 // Options every model-running command accepts: -m DIR, --backend, --threads, --prefill-chunk,
-// --device. opt_engine() consumes one such option at argv[*i] (advancing *i past its value) and
-// returns 1, returns 0 if argv[*i] is not one of them, or -1 after printing an error.
+// --device, --ctx. opt_engine() consumes one such option at argv[*i] (advancing *i past its value)
+// and returns 1, returns 0 if argv[*i] is not one of them, or -1 after printing an error.
 int opt_engine(struct wren_engine_opts *o, int argc, char **argv, int *i);
 #define OPT_ENGINE_HELP                                                                            \
-    "  -m, --model DIR          checkpoint directory (config.json + safetensors)\n"               \
-    "  --backend cpu|cuda|auto  compute backend (default auto)\n"                                 \
-    "  --threads N              CPU threads (default: all cores)\n"                               \
+    "  -m, --model DIR          checkpoint directory (config.json + safetensors)\n"                \
+    "  --backend cpu|cuda|auto  compute backend (default auto)\n"                                  \
+    "  --threads N              CPU threads (default: all cores)\n"                                \
     "  --prefill-chunk N        tokens per prefill chunk (default: backend's)\n"                   \
-    "  --device N               GPU index (default 0)\n"
+    "  --device N               GPU index (default 0)\n"                                           \
+    "  --ctx N                  context length of a session (default: min(model max, 32768))\n"
 
-// Value of the option at argv[*i] ("--name V" or "--name=V"); NULL (with an error printed) if absent.
+// Value of the option at argv[*i] ("--name V" or "--name=V"); NULL (with an error printed) if
+// absent.
 const char *opt_value(int argc, char **argv, int *i);
 // Parses an integer/float option value, printing an error naming the option when invalid.
 int opt_int(const char *name, const char *v, long lo, long hi, int *out);

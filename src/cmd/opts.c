@@ -60,14 +60,16 @@ int opt_int_list(const char *name, const char *v, int *out, int max) {
         if (*end == 'k' || *end == 'K') x *= 1024, end++;
         if (x > (1L << 24) || n >= max) goto bad;
         out[n++] = (int)x;
-        if (*end == ',') end++;
-        else if (*end) goto bad;
+        if (*end == ',')
+            end++;
+        else if (*end)
+            goto bad;
         p = end;
     }
     if (n) return n;
 bad:
-    fprintf(stderr, "wren: %s: expected a list like 256,1K,4096 (at most %d), got '%s'\n", name, max,
-            v);
+    fprintf(stderr, "wren: %s: expected a list like 256,1K,4096 (at most %d), got '%s'\n", name,
+            max, v);
     return -1;
 }
 
@@ -94,6 +96,10 @@ int opt_engine(struct wren_engine_opts *o, int argc, char **argv, int *i) {
     if (opt_is(a, "--prefill-chunk")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         return opt_int("--prefill-chunk", v, 1, 1 << 20, &o->prefill_chunk) ? -1 : 1;
+    }
+    if (opt_is(a, "--ctx")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        return opt_int("--ctx", v, 1, 1 << 24, &o->ctx) ? -1 : 1;
     }
     if (opt_is(a, "--device")) {
         if (!(v = opt_value(argc, argv, i))) return -1;

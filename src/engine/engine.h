@@ -19,6 +19,7 @@ struct wren_engine_opts {
     int threads;         // 0: all cores
     int prefill_chunk;   // 0: backend default
     int device;          // GPU index
+    int ctx;             // default session context (0: min(model max, 32768))
 };
 
 struct wren_engine *wren_engine_open(const struct wren_engine_opts *o, struct wren_err *e);
@@ -27,8 +28,13 @@ const struct model_config *wren_engine_config(const struct wren_engine *en);
 const char *wren_engine_backend(const struct wren_engine *en);
 const char *wren_engine_model_dir(const struct wren_engine *en);
 size_t wren_engine_weight_bytes(const struct wren_engine *en);
+// Minimum bytes one decode step moves at context length ctx: the weights one token reads, the
+// DeltaNet state (read and written) and the KV cache (at the backend's KV precision).
+double wren_engine_decode_bytes(const struct wren_engine *en, int ctx);
+// FLOPs of prefilling n tokens from position 0 (projections + causal attention).
+double wren_engine_prefill_flops(const struct wren_engine *en, int n);
 
-// A sequence with its own state, able to hold max_ctx tokens (0: the model's max position).
+// A sequence with its own state, able to hold max_ctx tokens (0: the engine's default context).
 struct wren_session *wren_session_new(struct wren_engine *en, int max_ctx, struct wren_err *e);
 void wren_session_free(struct wren_session *s);
 void wren_session_reset(struct wren_session *s); // forget everything (cheap)

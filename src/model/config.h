@@ -38,13 +38,13 @@ struct model_config {
     int conv_kernel;            // 4
 
     // mixture of experts (n_experts == 0: dense MLP of size dense_inter)
-    int n_experts, top_k;  // 256, 8
-    int expert_inter;      // 512
-    int shared_inter;      // 512 (0: no shared expert)
-    int dense_inter;       // only for dense (qwen3_5) models
-    bool norm_topk;        // renormalise the top-k weights
+    int n_experts, top_k; // 256, 8
+    int expert_inter;     // 512
+    int shared_inter;     // 512 (0: no shared expert)
+    int dense_inter;      // only for dense (qwen3_5) models
+    bool norm_topk;       // renormalise the top-k weights
 
-    int max_position;      // max_position_embeddings
+    int max_position; // max_position_embeddings
     int n_eos;
     int32_t eos[WREN_MAX_EOS];
 
@@ -52,8 +52,12 @@ struct model_config {
 };
 
 // Derived sizes used everywhere.
-static inline int cfg_dn_qk_dim(const struct model_config *c) { return c->dn_k_heads * c->dn_k_dim; }
-static inline int cfg_dn_v_dim(const struct model_config *c) { return c->dn_v_heads * c->dn_v_dim; }
+static inline int cfg_dn_qk_dim(const struct model_config *c) {
+    return c->dn_k_heads * c->dn_k_dim;
+}
+static inline int cfg_dn_v_dim(const struct model_config *c) {
+    return c->dn_v_heads * c->dn_v_dim;
+}
 static inline int cfg_dn_conv_dim(const struct model_config *c) {
     return 2 * cfg_dn_qk_dim(c) + cfg_dn_v_dim(c);
 }

@@ -32,33 +32,33 @@ struct layer {
     float *post_norm;  // [hidden]
 
     // gated DeltaNet (kind == LAYER_DELTANET)
-    struct qmat dn_qkv;   // [2*qk + v, hidden]
-    struct qmat dn_z;     // [v, hidden]
-    struct qmat dn_b;     // [v_heads, hidden]
-    struct qmat dn_a;     // [v_heads, hidden]
-    struct qmat dn_out;   // [hidden, v]
-    float *dn_conv;       // [conv_dim][conv_kernel]
-    float *dn_A_log;      // [v_heads]
-    float *dn_dt_bias;    // [v_heads]
-    float *dn_norm;       // [v_dim] plain weight (gated RMSNorm per head)
+    struct qmat dn_qkv; // [2*qk + v, hidden]
+    struct qmat dn_z;   // [v, hidden]
+    struct qmat dn_b;   // [v_heads, hidden]
+    struct qmat dn_a;   // [v_heads, hidden]
+    struct qmat dn_out; // [hidden, v]
+    float *dn_conv;     // [conv_dim][conv_kernel]
+    float *dn_A_log;    // [v_heads]
+    float *dn_dt_bias;  // [v_heads]
+    float *dn_norm;     // [v_dim] plain weight (gated RMSNorm per head)
 
     // gated attention (kind == LAYER_ATTENTION)
-    struct qmat q_proj;   // [n_heads * head_dim * (gate ? 2 : 1), hidden]
-    struct qmat k_proj;   // [n_kv_heads * head_dim, hidden]
-    struct qmat v_proj;   // [n_kv_heads * head_dim, hidden]
-    struct qmat o_proj;   // [hidden, n_heads * head_dim]
-    float *q_norm;        // [head_dim], effective
-    float *k_norm;        // [head_dim], effective
+    struct qmat q_proj; // [n_heads * head_dim * (gate ? 2 : 1), hidden]
+    struct qmat k_proj; // [n_kv_heads * head_dim, hidden]
+    struct qmat v_proj; // [n_kv_heads * head_dim, hidden]
+    struct qmat o_proj; // [hidden, n_heads * head_dim]
+    float *q_norm;      // [head_dim], effective
+    float *k_norm;      // [head_dim], effective
 
     // MoE (n_experts > 0) or dense MLP (n_experts == 0: only the shared_* fields, no gate)
-    struct qmat router;      // [n_experts, hidden]
-    struct qmat exp_gate;    // n_experts x [expert_inter, hidden]
-    struct qmat exp_up;      // n_experts x [expert_inter, hidden]
-    struct qmat exp_down;    // n_experts x [hidden, expert_inter]
-    struct qmat sh_gate;     // [shared_inter, hidden]
-    struct qmat sh_up;       // [shared_inter, hidden]
-    struct qmat sh_down;     // [hidden, shared_inter]
-    struct qmat sh_gate_w;   // [1, hidden] shared_expert_gate (absent: type BF16 with rows 0)
+    struct qmat router;    // [n_experts, hidden]
+    struct qmat exp_gate;  // n_experts x [expert_inter, hidden]
+    struct qmat exp_up;    // n_experts x [expert_inter, hidden]
+    struct qmat exp_down;  // n_experts x [hidden, expert_inter]
+    struct qmat sh_gate;   // [shared_inter, hidden]
+    struct qmat sh_up;     // [shared_inter, hidden]
+    struct qmat sh_down;   // [hidden, shared_inter]
+    struct qmat sh_gate_w; // [1, hidden] shared_expert_gate (absent: type BF16 with rows 0)
 };
 
 struct st_file; // safetensors mapping
@@ -73,7 +73,9 @@ struct model {
     char *dir;
     int n_files;
     struct st_file **files; // kept mapped for the model's lifetime
-    size_t weight_bytes;    // bytes of all bound tensors (what a backend would upload)
+    size_t weight_bytes;    // bytes of all bound matrices (what a backend would upload)
+    size_t active_bytes;  // matrix bytes one token reads (top-k of the experts, one embedding row)
+    double active_params; // weights one token multiplies by (for FLOP counts)
 };
 
 // Loads config.json and every safetensors shard of `dir`, binds and checks every tensor.

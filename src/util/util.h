@@ -34,6 +34,24 @@ static inline uint16_t f32_to_bf16(float f) { // round to nearest even; NaN stay
     return (uint16_t)(u >> 16);
 }
 
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f)
+        u = sign | 0x7f800000u | (man << 13);
+    else if (exp)
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man)
+        u = sign;
+    else { // subnormal: normalise
+        exp = 113;
+        while (!(man & 0x400)) man <<= 1, exp--;
+        u = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 // True when stderr is a terminal: progress output is shown only then.
 int progress_enabled(void);
 // Prints "\r<label> <done>/<total>" on a terminal, nothing otherwise; done == total ends the line.
