@@ -12,7 +12,6 @@ static const char USAGE[] =
     "  --port N                 port (default 8080; 0 picks a free one)\n"
     "  --api-key KEY            require 'Authorization: Bearer KEY'\n"
     "  --model-name NAME        model id in responses (default: the directory's name)\n"
-    "  --ctx N                  context size in tokens (default: the model's maximum)\n"
     "  --max-body BYTES         largest request body (default 8388608)\n"
     "  --max-messages N         most messages in a request (default 1024)\n"
     "  --max-prompt-tokens N    longest prompt (default: the context size)\n"
@@ -60,7 +59,6 @@ int cmd_serve(int argc, char **argv) {
             o.test_replay = true; // hidden: lets tests replay a given text as the model output
         }
         INT("--port", 0, 65535, &o.port)
-        INT("--ctx", 0, 1 << 24, &o.ctx)
         INT("--max-body", 1024, 1 << 30, &max_body)
         INT("--max-messages", 1, 1 << 20, &o.max_messages)
         INT("--max-prompt-tokens", 0, 1 << 24, &o.max_prompt_tokens)

@@ -48,7 +48,7 @@ static int open_model(struct server *sv, struct wren_err *e) {
     if (!dir) return wren_errf(e, "no model: pass -m DIR");
     if (!(sv->tok = tokenizer_load(dir, e))) return -1;
     if (!(sv->engine = wren_engine_open(&sv->o.engine, e))) return -1;
-    if (!(sv->session = wren_session_new(sv->engine, sv->o.ctx, e))) return -1;
+    if (!(sv->session = wren_session_new(sv->engine, 0, e))) return -1;
     sv->n_ctx = wren_session_max_ctx(sv->session);
     sv->chat_flavor = (int)chat_flavor_detect(dir);
     sv->eos[0] = tokenizer_token_id(sv->tok, "<|im_end|>");

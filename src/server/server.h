@@ -12,7 +12,6 @@ struct server_opts {
     int port;               // default 8080
     const char *api_key;    // NULL: no authentication
     const char *model_name; // reported in responses; default: the model directory's name
-    int ctx;                // session context (0: the model's maximum)
     size_t max_body;        // bytes
     int max_messages;
     int max_prompt_tokens;  // 0: the context size

@@ -193,10 +193,12 @@ static int replay(struct gen *g, int max_new, struct wren_err *e) {
     int32_t *ids = NULL;
     int n = tokenizer_encode(g->sv->tok, g->j->req.replay, strlen(g->j->req.replay), &ids, e);
     if (n < 0) return -1;
-    for (int i = 0; i < n && i < max_new; i++) {
+    int i = 0;
+    for (; i < n && i < max_new; i++) {
         struct sampled_token t = {.id = ids[i]};
         if (on_token(g, &t)) break;
     }
+    if (i == n && !g->finish) g->finish = "stop"; // the replayed text ends like an end token
     free(ids);
     return 0;
 }

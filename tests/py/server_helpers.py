@@ -25,9 +25,11 @@ _model_dir = None
 
 
 def tiny_model():
-    """Synthesizes the tiny model once per test process."""
+    """Synthesizes the tiny model once per test process (WREN_TEST_MODEL=DIR: use that one)."""
     global _model_dir
     with _model_lock:
+        if _model_dir is None and os.environ.get("WREN_TEST_MODEL"):
+            _model_dir = os.environ["WREN_TEST_MODEL"]
         if _model_dir is None:
             out = os.path.join(tempfile.mkdtemp(prefix="wren-serve-test-"), "tiny")
             subprocess.run([WREN, "synth", "--preset", "tiny", "--tokenizer", TOKENIZER_DIR,
@@ -40,8 +42,8 @@ class Server:
     def __init__(self, *args, ctx=4096):
         self.log_path = tempfile.mktemp(prefix="wren-serve-log-")
         self.log = open(self.log_path, "w+b")
-        cmd = [WREN, "serve", "-m", tiny_model(), "--port", "0", "--ctx", str(ctx),
-               "--threads", "2", *args]
+        cmd = [WREN, "serve", "-m", tiny_model(), "--backend", "cpu", "--port", "0", "--ctx",
+               str(ctx), "--threads", "2", "--model-name", "tiny", *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.port = None
         deadline = time.time() + 120

@@ -48,6 +48,12 @@ def reference_prompt_ids(messages, **kwargs):
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True,
                              extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, **k: json.dumps(x, ensure_ascii=False)
+    # an OpenAI server parses string tool-call arguments before rendering (as vLLM does)
+    messages = json.loads(json.dumps(messages))
+    for m in messages:
+        for tc in m.get("tool_calls") or []:
+            if isinstance(tc["function"].get("arguments"), str):
+                tc["function"]["arguments"] = json.loads(tc["function"]["arguments"] or "{}")
     with open(os.path.join(SRC, "data", "chat_templates", "qwen3.6.jinja")) as f:
         text = env.from_string(f.read()).render(messages=messages, add_generation_prompt=True,
                                                 **kwargs)
