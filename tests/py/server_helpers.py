@@ -109,6 +109,11 @@ class Server:
                 out[name] = float(value)
         return out
 
+    def sanitized(self):
+        """True when the server runs under AddressSanitizer."""
+        with open(f"/proc/{self.proc.pid}/maps") as f:
+            return "libasan" in f.read()
+
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:

@@ -181,7 +181,10 @@ def test_memory_bounded(srv):
         if i % 50 == 0:
             post(srv, {"messages": MSG, "max_tokens": 2})
     growth = srv.rss_kib() - base
-    assert growth < 32 * 1024, f"RSS grew by {growth} KiB"
+    # AddressSanitizer keeps freed memory in a quarantine of up to 256 MiB (leaks are checked by
+    # LeakSanitizer at exit instead); a plain build must stay within a few MiB.
+    limit = 300 * 1024 if srv.sanitized() else 32 * 1024
+    assert growth < limit, f"RSS grew by {growth} KiB"
     assert srv.request("GET", "/health")[0] == 200
 
 
