@@ -353,3 +353,37 @@ def test_cancel_on_disconnect(srv):
     status, _, _ = srv.request("POST", "/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=30)
     assert status == 200
+
+
+def test_cancel_while_queued(srv):
+    """A request waiting behind another leaves the queue when its client goes away."""
+    before = srv.metrics()
+
+    def start(stream, max_tokens):
+        body = json.dumps({"messages": [{"role": "user", "content": "Keep talking"}],
+                           "stream": stream, "max_tokens": max_tokens,
+                           "chat_template_kwargs": {"enable_thinking": False}}).encode()
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n" + body)
+        return s
+
+    running = start(True, 100000)
+    assert running.recv(4096).startswith(b"HTTP/1.1 200")
+    waiting = start(False, 5)
+    t0 = time.time()
+    while srv.metrics()["wren_queue_depth"] < 1:
+        assert time.time() - t0 < 10, "the second request never queued"
+        time.sleep(0.02)
+    waiting.close()
+    while srv.metrics()["wren_queue_depth"] > 0:
+        assert time.time() - t0 < 10, "the abandoned request stayed in the queue"
+        time.sleep(0.02)
+    running.close()
+    while srv.metrics()["wren_busy"]:
+        assert time.time() - t0 < 20, "the running request was not cancelled"
+        time.sleep(0.02)
+    m = srv.metrics()
+    key = 'wren_requests_total{outcome="cancelled"}'
+    assert m[key] - before[key] == 2
