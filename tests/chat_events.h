@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "text/chat.h"
+#include "util/pyjson.h"
 #include "util/strbuf.h"
 #include "util/util.h"
 
@@ -34,7 +35,8 @@ static inline void collect_cb(void *ud, const struct chat_event *e) {
     if (e->kind == CHAT_TOOL_CALL) {
         sb_put(&x->text, e->tool_name, strlen(e->tool_name) + 1);
         sb_puts(&x->text, e->arguments);
-        cJSON *a = cJSON_Parse(e->arguments);
+        struct wren_err err;
+        cJSON *a = pyjson_parse(e->arguments, strlen(e->arguments), 0, &err); // strict, UTF-8
         if (!cJSON_IsObject(a)) c->bad_arguments++;
         cJSON_Delete(a);
     } else {
@@ -76,8 +78,9 @@ static inline void collected_print(const struct collected *c) {
 }
 
 // Parses text fed in pieces of the given sizes (cycled; 0 = all at once).
-static inline void parse_chunked(const cJSON *tools, bool in_reasoning, const char *text, size_t len,
-                          const size_t *sizes, int n_sizes, struct collected *out) {
+static inline void parse_chunked(const cJSON *tools, bool in_reasoning, const char *text,
+                                 size_t len, const size_t *sizes, int n_sizes,
+                                 struct collected *out) {
     struct chat_parser *p = chat_parser_new(tools, in_reasoning);
     size_t off = 0;
     for (int k = 0; off < len; k++) {

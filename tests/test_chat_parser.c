@@ -92,6 +92,12 @@ int main(void) {
           "天气 🌤 <tool_call>\n<function=get_weather>\n" PARAM(
               "city", "巴黎") "</function>\n</tool_call>",
           "C:天气 🌤 |T:get_weather:{\"city\": \"巴黎\"}");
+    if (!chat_prompt_in_reasoning("<|im_start|>assistant\n<think>\n") ||
+        chat_prompt_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n") ||
+        chat_prompt_in_reasoning("")) {
+        fprintf(stderr, "FAIL chat_prompt_in_reasoning\n");
+        failures++;
+    }
     cJSON_Delete(tools);
     if (failures)
         fprintf(stderr, "%d failure(s)\n", failures);

@@ -32,7 +32,13 @@ int chat_render(const struct cJSON *request, enum chat_flavor flavor, bool add_g
 // Incremental parser of generated text. The prompt ends inside <think> (thinking on) or after
 // the empty think block; text up to </think> is reasoning, the rest content, and
 // <tool_call>...</tool_call> blocks become tool calls with JSON arguments typed by the tools'
-// schemas. Partial tags are held back until they can be classified.
+// schemas (see text/chat_toolcall.h for the typing rules). Partial tags are held back until
+// they can be classified, so the events do not depend on how the text is chunked.
+// Stripped, because the template writes them around tags: '\n's at the start of the reasoning,
+// of the content and after each </tool_call>, and '\n's right before </think> and <tool_call>.
+// Nothing else is changed (other whitespace, trailing '\n's at the end of the reply stay).
+// Only </think> is recognised in reasoning and only <tool_call> in content. A malformed block
+// (no <function=NAME>), an unterminated one at finish, or one over 1 MiB is content, verbatim.
 enum chat_event_kind { CHAT_REASONING, CHAT_CONTENT, CHAT_TOOL_CALL };
 struct chat_event {
     enum chat_event_kind kind;
@@ -45,8 +51,12 @@ struct chat_event {
 typedef void (*chat_event_cb)(void *ud, const struct chat_event *ev);
 
 struct chat_parser;
-// tools: the request's `tools` array (may be NULL). in_reasoning: the prompt ended with <think>.
+// tools: the request's `tools` array (may be NULL; copied). in_reasoning: the prompt ended with
+// <think>\n (see chat_prompt_in_reasoning). Events go to cb during feed/finish; their text is
+// valid only during the call. Memory stays bounded whatever the input.
 struct chat_parser *chat_parser_new(const struct cJSON *tools, bool in_reasoning);
+// True when a rendered prompt leaves the model inside the think block (ends with "<think>\n").
+bool chat_prompt_in_reasoning(const char *prompt);
 void chat_parser_free(struct chat_parser *p);
 void chat_parser_feed(struct chat_parser *p, const char *text, size_t len, chat_event_cb cb,
                       void *ud);

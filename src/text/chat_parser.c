@@ -194,3 +194,8 @@ void chat_parser_finish(struct chat_parser *p, chat_event_cb cb, void *ud) {
     p->mode = M_CONTENT;
     p->at_start = false;
 }
+
+bool chat_prompt_in_reasoning(const char *prompt) {
+    size_t n = strlen(prompt), k = strlen("<think>\n");
+    return n >= k && !memcmp(prompt + n - k, "<think>\n", k);
+}

@@ -217,27 +217,26 @@ static int last_query_index(struct render *r, int *out) {
     return raise(r, "No user query found in messages.");
 }
 
-// tool_call.arguments as a mapping. OpenAI clients send a JSON string, which is parsed first
-// (as vLLM does); null and "" mean no arguments. *owned is set when the result must be freed.
-static const cJSON *tool_arguments(struct render *r, const cJSON *args, cJSON **owned) {
+// tool_call.arguments as a mapping (*map, NULL for none). OpenAI clients send a JSON string,
+// which is parsed first (as vLLM does; null and "" mean no arguments) into *owned.
+static int tool_arguments(struct render *r, const cJSON *args, const cJSON **map, cJSON **owned) {
+    *map = NULL;
     *owned = NULL;
-    if (cJSON_IsNull(args) || (cJSON_IsString(args) && !args->valuestring[0])) return NULL;
+    if (cJSON_IsNull(args) || (cJSON_IsString(args) && !args->valuestring[0])) return 0;
     if (cJSON_IsString(args)) {
         struct wren_err pe;
-        cJSON *v =
-            pyjson_parse(args->valuestring, strlen(args->valuestring), PYJSON_NONFINITE, &pe);
-        if (!v) {
-            wren_errf(r->e, "tool call arguments are not valid JSON: %s", pe.msg);
-            return (const cJSON *)r; // error marker, see caller
-        }
-        *owned = v;
-        args = v;
+        const char *s = args->valuestring;
+        if (!(*owned = pyjson_parse(s, strlen(s), PYJSON_NONFINITE, &pe)))
+            return wren_errf(r->e, "tool call arguments are not valid JSON: %s", pe.msg);
+        args = *owned;
     }
     if (!cJSON_IsObject(args)) {
-        wren_errf(r->e, "tool call arguments must be a JSON object");
-        return (const cJSON *)r;
+        cJSON_Delete(*owned);
+        *owned = NULL;
+        return wren_errf(r->e, "tool call arguments must be a JSON object");
     }
-    return args;
+    *map = args;
+    return 0;
 }
 
 static int render_tool_calls(struct render *r, const cJSON *calls, const char *content,
@@ -262,8 +261,8 @@ static int render_tool_calls(struct render *r, const cJSON *calls, const char *c
         const cJSON *args = pyjson_get(tc, "arguments");
         if (args) {
             cJSON *owned;
-            const cJSON *map = tool_arguments(r, args, &owned);
-            if (map == (const cJSON *)r) return -1;
+            const cJSON *map;
+            if (tool_arguments(r, args, &map, &owned)) return -1;
             for (const cJSON *a = map ? map->child : NULL; a; a = a->next) {
                 sb_puts(out, "<parameter=");
                 sb_puts(out, a->string);

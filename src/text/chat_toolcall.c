@@ -19,16 +19,11 @@ static bool is_ws(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
 
-// Copies s[0..n) trimmed of ASCII whitespace, cut at a NUL byte (cJSON strings end there).
+// Copies s[0..n) trimmed of ASCII whitespace, as valid UTF-8 up to any NUL byte.
 static char *dup_trim(const char *s, size_t n) {
     while (n && is_ws(*s)) s++, n--;
     while (n && is_ws(s[n - 1])) n--;
-    const char *nul = memchr(s, 0, n);
-    if (nul) n = (size_t)(nul - s);
-    char *out = xmalloc(n + 1);
-    memcpy(out, s, n);
-    out[n] = 0;
-    return out;
+    return utf8_valid_copy(s, n);
 }
 
 static const cJSON *tool_parameters(const cJSON *tools, const char *name) {
@@ -110,12 +105,7 @@ int chat_toolcall_parse(const char *body, size_t len, const cJSON *tools, char *
         if (v < v_end && *v == '\n') v++;
         if (v_end > v && v_end[-1] == '\n') v_end--;
         char *pname = dup_trim(pn, (size_t)(pn_end - pn));
-        size_t vn = (size_t)(v_end - v);
-        const char *nul = memchr(v, 0, vn);
-        if (nul) vn = (size_t)(nul - v);
-        char *value = xmalloc(vn + 1);
-        memcpy(value, v, vn);
-        value[vn] = 0;
+        char *value = utf8_valid_copy(v, (size_t)(v_end - v));
         if (*pname) {
             cJSON *item = convert(value, pyjson_get(props, pname));
             if (cJSON_GetObjectItemCaseSensitive(args, pname))

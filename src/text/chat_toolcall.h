@@ -11,6 +11,7 @@ struct cJSON;
 // writes '\n' + value + '\n'). A value whose schema allows strings (or an enum of strings) stays
 // a string; otherwise, and for parameters the schema does not know, it becomes the JSON value
 // it spells when it is valid JSON (True/False in any case count as booleans), else a string.
-// A parameter given twice keeps the last value.
+// A parameter given twice keeps the last value. Names and values are cut at a NUL byte and
+// invalid UTF-8 bytes become U+FFFD, so the arguments are always valid JSON text.
 int chat_toolcall_parse(const char *body, size_t len, const struct cJSON *tools, char **name,
                         char **arguments);

@@ -353,26 +353,66 @@ cJSON *pyjson_parse(const char *text, size_t len, int flags, struct wren_err *e)
     return v;
 }
 
+char *utf8_valid_copy(const char *s, size_t n) {
+    const char *nul = memchr(s, 0, n);
+    if (nul) n = (size_t)(nul - s);
+    struct strbuf sb = {0};
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_char_len((const unsigned char *)s + i, n - i);
+        if (k)
+            sb_put(&sb, s + i, k), i += k;
+        else
+            sb_puts(&sb, "\xEF\xBF\xBD"), i++;
+    }
+    return sb_take(&sb);
+}
+
 // ---- writing ----
+
+// The shortest decimal digits that read back as |d| (the nearest such when several), as an
+// integer string and the decimal point position: |d| = 0.digits * 10^decpt. Like David Gay's
+// dtoa mode 0, which Python's repr uses.
+static int shortest_digits(double d, char digits[24], int *decpt) {
+    char buf[48];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*e", prec - 1, fabs(d));
+        if (strtod(buf, NULL) == fabs(d)) break;
+        // The correctly rounded candidate misses, but at a power of two the interval that reads
+        // back is lopsided and a neighbour one unit away may still hit.
+        char *e = strchr(buf, 'e');
+        int exp10 = atoi(e + 1) - (prec - 1);
+        unsigned long long m = 0;
+        for (char *c = buf; c < e; c++)
+            if (*c != '.') m = m * 10 + (unsigned long long)(*c - '0');
+        char alt[48];
+        for (int k = -1; k <= 1; k += 2) {
+            snprintf(alt, sizeof alt, "%llue%d", m + (unsigned long long)k, exp10);
+            if (strtod(alt, NULL) == fabs(d)) {
+                e = strchr(alt, 'e');
+                int n = (int)(e - alt);
+                memcpy(digits, alt, (size_t)n);
+                *decpt = exp10 + n;
+                return n;
+            }
+        }
+    }
+    int n = 0;
+    const char *s = buf;
+    for (; *s && *s != 'e'; s++)
+        if (*s != '.') digits[n++] = *s;
+    *decpt = atoi(s + 1) + 1;
+    return n;
+}
 
 void py_float_repr(struct strbuf *sb, double d) {
     if (d == 0) {
         sb_puts(sb, signbit(d) ? "-0.0" : "0.0");
         return;
     }
-    char buf[40];
-    for (int prec = 1; prec <= 17; prec++) { // shortest digits that read back exactly
-        snprintf(buf, sizeof buf, "%.*e", prec - 1, d);
-        if (strtod(buf, NULL) == d) break;
-    }
-    const char *s = buf;
-    if (*s == '-') sb_putc(sb, '-'), s++;
+    if (d < 0) sb_putc(sb, '-');
     char digits[24];
-    int nd = 0;
-    for (; *s && *s != 'e'; s++)
-        if (*s != '.') digits[nd++] = *s;
+    int decpt, nd = shortest_digits(d, digits, &decpt);
     while (nd > 1 && digits[nd - 1] == '0') nd--;
-    int decpt = atoi(s + 1) + 1; // value = 0.digits * 10^decpt
     if (decpt <= -4 || decpt > 16) {
         sb_putc(sb, digits[0]);
         if (nd > 1) sb_putc(sb, '.'), sb_put(sb, digits + 1, (size_t)nd - 1);

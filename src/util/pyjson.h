@@ -33,6 +33,9 @@ void pyjson_dump_verbatim(struct strbuf *sb, const struct cJSON *v);
 void pyjson_str(struct strbuf *sb, const struct cJSON *v);
 // Python's repr of a float (shortest round-trip digits; 1e-05, 0.0001, 1e+16, 1.0).
 void py_float_repr(struct strbuf *sb, double d);
+// A NUL-terminated copy of s[0..n) that is valid UTF-8: each invalid byte becomes U+FFFD (like
+// Python's decode(errors="replace") per byte) and the copy ends at the first NUL byte.
+char *utf8_valid_copy(const char *s, size_t n);
 // Python truthiness of a JSON value; NULL (undefined) is false.
 bool py_truthy(const struct cJSON *v);
 // The value of key in object o (the last one if the key repeats), NULL if o is not an object.

@@ -358,11 +358,34 @@ def test_flavor_from_checkpoint_dir(tmp_path):
     assert p.stdout.decode() == expect["qwen3.6"]
 
 
-def test_bad_input_is_an_error(tmp_path):
-    for text in ["", "{", "[1,]", '{"messages": "x"', "\xff", '{"messages": [{"role": "user", "content": "\\ud800"}]}']:
-        f = tmp_path / "bad.json"
-        f.write_bytes(text.encode("utf-8", "surrogateescape") if text != "\xff" else b"\xff")
-        p = run_wren(["--request", str(f)], None)
-        assert p.returncode != 0 and p.stderr and p.stdout == b""
-    p = run_wren(["--request", str(tmp_path / "missing.json")], None)
-    assert p.returncode != 0 and b"missing.json" in p.stderr
+def test_numbers_and_whitespace_like_python(tmp_path):
+    """Float spelling (repr: shortest round trip, 1e-05, 1e+16), ints of any size, str.strip()'s
+    Unicode whitespace and repr() of nested values, each against jinja2 on one big request."""
+    rng = random.Random(7)
+    floats = [rng.uniform(-1e6, 1e6) for _ in range(300)]
+    floats += [2.0 ** rng.randint(-1074, 1023) * rng.choice([1, -1]) for _ in range(300)]
+    floats += [rng.random() * 10.0 ** rng.randint(-30, 30) for _ in range(300)]
+    floats += [1e16, 1e15, 123456789012345678.0, 0.0001, 0.00001, 5e-324, 1.7976931348623157e308,
+               0.1, 0.2 + 0.1, 1e22, 9007199254740993.0, -0.0, 100.0]
+    ints = [0, -1, 2 ** 64, -(10 ** 30), 10 ** 100]
+    spaces = [chr(c) for c in range(0x3100) if chr(c).isspace()] + ["\u200b", "\ufeff", "\x1b"]
+    msgs = [{"role": "system", "content": "".join(spaces) + "sys" + "".join(spaces)}]
+    for s in spaces:
+        msgs.append({"role": "user", "content": s + "q" + s})
+        msgs.append({"role": "assistant", "content": s + "<think>" + s + "r" + s + "</think>" + s + "a" + s})
+    msgs.append({"role": "user", "content": [{"text": {"k'": ["a\"b", "é\u0085\x07\u200b\U0001f600", 1.5, None, True]}}]})
+    msgs.append({"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": json.dumps({"f": floats, "i": ints, "x": 1e-7, "y": 2.5, "b": False, "n": None})}},
+        {"function": {"name": "g", "arguments": {"x": 1e-7, "y": 2.5, "z": 3, "b": False, "n": None}}}]})
+    req = {"messages": msgs}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req, ensure_ascii=False), encoding="utf-8")
+    for flavor, name in FLAVORS.items():
+        kind, want = reference(load_template(name), req, True)
+        assert kind == "ok", want
+        p = run_wren(["--flavor", flavor, "--request", str(path)], None)
+        assert p.returncode == 0, p.stderr.decode()
+        got = p.stdout.decode("utf-8")
+        if got != want:
+            i = next(k for k in range(min(len(got), len(want))) if got[k] != want[k])
+            pytest.fail("%s differs at %d: wren %r vs jinja2 %r" % (flavor, i, got[i - 40:i + 40], want[i - 40:i + 40]))
