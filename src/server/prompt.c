@@ -29,8 +29,7 @@ int prepare_prompt(struct server *sv, struct job *j, struct oai_error *err) {
     if (chat_render(j->req.root, (enum chat_flavor)sv->chat_flavor, true, &text, &e))
         return oai_errorf(err, 400, "invalid_request_error", "messages", "%s", e.msg);
     size_t len = strlen(text);
-    const char *open = "<think>\n";
-    j->in_reasoning = len >= strlen(open) && !strcmp(text + len - strlen(open), open);
+    j->in_reasoning = chat_prompt_in_reasoning(text);
     int n = tokenizer_encode(sv->tok, text, len, &j->prompt, &e);
     free(text);
     if (n < 0) return oai_errorf(err, 400, "invalid_request_error", "messages", "%s", e.msg);

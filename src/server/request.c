@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "server/request.h"
+#include "text/chat.h"
 #include "util/util.h"
 
 int oai_errorf(struct oai_error *err, int status, const char *type, const char *param,
@@ -338,17 +339,10 @@ int oai_request_parse(const char *body, size_t len, const struct oai_limits *lim
     r->enable_thinking = true;
     r->top_logprobs = 0;
     if (!utf8_valid(body, len)) return BAD("", "the request body is not valid UTF-8");
-    const char *end = NULL;
-    r->root = cJSON_ParseWithLengthOpts(body, len, &end, false);
-    if (!r->root) {
-        size_t at = end && end >= body ? (size_t)(end - body) : 0;
-        return BAD("", "malformed JSON near byte %zu", at);
-    }
-    for (const char *p = end; p && p < body + len; p++)
-        if (!strchr(" \t\r\n", *p)) {
-            oai_request_free(r);
-            return BAD("", "malformed JSON: trailing data after byte %zu", (size_t)(end - body));
-        }
+    // Parsed the way chat_render needs it (numbers keep their spelling, as Python's json does).
+    struct wren_err e;
+    r->root = chat_request_parse(body, len, &e);
+    if (!r->root) return BAD("", "malformed JSON: %s", e.msg);
     if (!cJSON_IsObject(r->root)) {
         oai_request_free(r);
         return BAD("", "the request body must be a JSON object");
