@@ -53,11 +53,14 @@ static int computed_len(struct wren_session *s) {
     return n > 0 ? n - 1 : 0;
 }
 
-static void evict(struct snap_cache *c) {
-    while (c->bytes > c->budget && c->n) {
-        int lru = 0;
-        for (int i = 1; i < c->n; i++)
-            if (c->e[i].used < c->e[lru].used) lru = i;
+// Drops least recently used entries until the budget holds, never `keep` (the entry about to
+// be restored).
+static void evict(struct snap_cache *c, const struct wren_snapshot *keep) {
+    while (c->bytes > c->budget) {
+        int lru = -1;
+        for (int i = 0; i < c->n; i++)
+            if (c->e[i].snap != keep && (lru < 0 || c->e[i].used < c->e[lru].used)) lru = i;
+        if (lru < 0) break;
         drop(c, lru);
     }
 }
@@ -73,7 +76,8 @@ static int find_exact(struct snap_cache *c, const int32_t *tok, int n, bool with
     return -1;
 }
 
-void snap_cache_save(struct snap_cache *c, struct wren_session *s, bool with_kv) {
+static void save(struct snap_cache *c, struct wren_session *s, bool with_kv,
+                 const struct wren_snapshot *keep) {
     int n = wren_session_len(s);
     if (c->budget == 0 || n == 0) return;
     int have = find_exact(c, wren_session_tokens(s), n, with_kv);
@@ -95,7 +99,11 @@ void snap_cache_save(struct snap_cache *c, struct wren_session *s, bool with_kv)
     }
     c->e[c->n++] = (struct entry){snap, with_kv, bytes, ++c->clock};
     c->bytes += bytes;
-    evict(c);
+    evict(c, keep);
+}
+
+void snap_cache_save(struct snap_cache *c, struct wren_session *s, bool with_kv) {
+    save(c, s, with_kv, NULL);
 }
 
 int snap_cache_resume(struct snap_cache *c, struct wren_session *s, const int32_t *tok, int n,
@@ -120,19 +128,11 @@ int snap_cache_resume(struct snap_cache *c, struct wren_session *s, const int32_
     }
     // Before the live session is replaced, keep its end (a conversation that another one
     // interrupts resumes there later) unless a snapshot already holds it.
-    if (live > 0 && find_exact(c, wren_session_tokens(s), live, true) < 0)
-        snap_cache_save(c, s, true);
-    if (best >= 0) {
-        // snap_cache_save may have evicted entries: find the chosen one again.
-        best = -1;
-        for (int i = 0; i < c->n; i++) {
-            const struct entry *x = &c->e[i];
-            if (wren_snapshot_len(x->snap) == best_len &&
-                is_prefix(wren_snapshot_tokens(x->snap), best_len, tok, n) &&
-                (best < 0 || x->with_kv))
-                best = i;
-        }
-    }
+    const struct wren_snapshot *chosen = best >= 0 ? c->e[best].snap : NULL;
+    if (live > 0 && find_exact(c, wren_session_tokens(s), live, true) < 0) save(c, s, true, chosen);
+    best = -1; // entries may have moved: find the chosen one again
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].snap == chosen) best = i;
     // The session's KV beyond the resume point is about to be overwritten.
     int resume = best >= 0 ? best_len : 0;
     for (int i = c->n - 1; i >= 0; i--)

@@ -34,10 +34,11 @@ int prepare_prompt(struct server *sv, struct job *j, struct oai_error *err) {
     free(text);
     if (n < 0) return oai_errorf(err, 400, "invalid_request_error", "messages", "%s", e.msg);
     j->n_prompt = n;
-    int limit = sv->o.max_prompt_tokens > 0 ? sv->o.max_prompt_tokens : sv->n_ctx;
-    if (n > limit)
-        return oai_errorf(err, 400, "invalid_request_error", "messages",
-                          "the prompt is %d tokens, more than the limit of %d", n, limit);
+    int limit = sv->o.max_prompt_tokens;
+    if (limit > 0 && n > limit)
+        return oai_errorf(
+            err, 400, "invalid_request_error", "messages",
+            "the prompt is %d tokens, more than the limit of %d (--max-prompt-tokens)", n, limit);
     if (n + 1 > sv->n_ctx)
         return oai_errorf(err, 400, "invalid_request_error", "messages",
                           "This model's maximum context length is %d tokens; the prompt is %d "

@@ -308,15 +308,19 @@ static void fail(struct job *j, int status, const char *type, const char *msg) {
     }
 }
 
+static void report_cache(struct server *sv, int hit) {
+    size_t bytes;
+    int entries;
+    snap_cache_stats(sv->cache, &bytes, &entries);
+    metrics_cache(&sv->metrics, hit, bytes, entries);
+}
+
 static void run_job(struct server *sv, struct job *j) {
     struct wren_err e = {0};
     struct gen g = {.sv = sv, .j = j};
     double t0 = now_sec();
     int cached = snap_cache_resume(sv->cache, sv->session, j->prompt, j->n_prompt, &e);
-    size_t cache_bytes;
-    int cache_entries;
-    snap_cache_stats(sv->cache, &cache_bytes, &cache_entries);
-    metrics_cache(&sv->metrics, cached > 0, cache_bytes, cache_entries);
+    report_cache(sv, cached > 0);
     if (cached < 0) {
         fail(j, 500, "server_error", e.msg);
         metrics_request(&sv->metrics, OUT_SERVER_ERROR);
@@ -408,6 +412,7 @@ void *worker_main(void *arg) {
         } else {
             metrics_busy(&sv->metrics, 1);
             run_job(sv, j);
+            report_cache(sv, -1); // the snapshots this job saved
             metrics_busy(&sv->metrics, 0);
         }
         job_release(j);

@@ -200,3 +200,21 @@ def test_api_key():
         assert r.choices[0].message.role == "assistant"
     finally:
         s.stop()
+
+
+def test_request_timeout():
+    """--timeout bounds a request: non-streaming gets 504, a stream ends with "length"."""
+    s = Server("--timeout", "1")
+    try:
+        t0 = time.time()
+        body = {"messages": MSG, "max_tokens": 100000, "chat_template_kwargs": {"enable_thinking": False}}
+        check_error(*post(s, body)[::2], 504)
+        st, _, resp = post(s, {**body, "stream": True})
+        assert st == 200
+        events = [l[6:] for l in resp.decode().split("\n") if l.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        assert time.time() - t0 < 20
+        assert s.request("GET", "/health")[0] == 200
+    finally:
+        s.stop()

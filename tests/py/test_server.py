@@ -387,3 +387,29 @@ def test_cancel_while_queued(srv):
     m = srv.metrics()
     key = 'wren_requests_total{outcome="cancelled"}'
     assert m[key] - before[key] == 2
+
+
+def test_context_overflow(srv, client):
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[
+            {"role": "user", "content": "lorem ipsum " * 3000}], max_tokens=2)
+    assert "context length" in e.value.body["message"]
+    assert srv.alive()
+
+
+def test_cache_budget_is_respected():
+    """With a budget of 5 MiB (about two snapshots of the tiny model) the cache never holds
+    more, evicts the least recently used, and a continuing conversation still resumes."""
+    s = Server("--cache-mb", "5")
+    try:
+        c = s.client()
+        for i in range(4):
+            replies, usages = conversation(c, [f"Topic {i}: tell me something.", "More."],
+                                           extra_body=NO_THINK)
+            m = s.metrics()
+            assert m["wren_cache_bytes"] <= 5 << 20
+            assert usages[1].prompt_tokens_details.cached_tokens > 0
+        assert m["wren_cache_entries"] >= 1
+    finally:
+        s.stop()
