@@ -188,15 +188,33 @@ static char *forced_text(const struct oai_request *r) {
     return NULL;
 }
 
+// Generation paused at </think>: the forced tool-call opening follows the usual blank line.
+static int inject_forced(struct gen *g, struct wren_err *e) {
+    g->force_now = false;
+    size_t n = strlen(g->force) + 3;
+    char *text = xmalloc(n);
+    snprintf(text, n, "\n\n%s", g->force);
+    free(g->force);
+    g->force = NULL;
+    int rc = inject(g, text, e);
+    free(text);
+    return rc;
+}
+
 // Replays the test-only text as if the model had generated it, token by token.
 static int replay(struct gen *g, int max_new, struct wren_err *e) {
     int32_t *ids = NULL;
     int n = tokenizer_encode(g->sv->tok, g->j->req.replay, strlen(g->j->req.replay), &ids, e);
     if (n < 0) return -1;
-    int i = 0;
-    for (; i < n && i < max_new; i++) {
+    int i = 0, rc = 0;
+    for (; i < n && g->n_gen < max_new; i++) {
         struct sampled_token t = {.id = ids[i]};
-        if (on_token(g, &t)) break;
+        if (!on_token(g, &t)) continue;
+        if (!g->force_now || (rc = inject_forced(g, e))) break;
+    }
+    if (rc) {
+        free(ids);
+        return -1;
     }
     if (i == n && !g->finish) g->finish = "stop"; // the replayed text ends like an end token
     free(ids);
@@ -210,23 +228,14 @@ static int generate(struct gen *g, int max_new, struct wren_err *e) {
         free(g->force);
         g->force = NULL;
     }
-    if (r->replay) return replay(g, max_new - g->n_gen, e);
+    if (r->replay) return replay(g, max_new, e);
     struct sampler_params sp = request_sampling(g->sv, r);
     while (!g->finish && !g->cancelled && !g->timed_out && g->n_gen < max_new) {
         int n_out = 0;
         if (wren_session_generate(g->sv->session, &sp, max_new - g->n_gen, on_token, g, &n_out, e))
             return -1;
         if (!g->force_now) break;
-        g->force_now = false;
-        char *text = g->force;
-        g->force = NULL;
-        size_t n = strlen(text) + 3;
-        char *with_gap = xmalloc(n);
-        snprintf(with_gap, n, "\n\n%s", text);
-        free(text);
-        int rc = inject(g, with_gap, e);
-        free(with_gap);
-        if (rc) return -1;
+        if (inject_forced(g, e)) return -1;
         sp.seed++;
     }
     return 0;

@@ -235,6 +235,17 @@ def test_tool_choice(client):
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Oslo"}
+    # with thinking, the opening is forced right after </think>
+    r = client.chat.completions.create(
+        model="tiny", messages=msgs, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body={"wren_replay": "Rome, surely.\n</think><parameter=city>\nRome\n"
+                                   "</parameter>\n</function>\n</tool_call>"})
+    m = r.choices[0].message
+    assert m.reasoning_content == "Rome, surely."
+    (call,) = m.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Rome"}
+    assert r.choices[0].finish_reason == "tool_calls"
     # real path with required: well-formed whatever the random model writes
     r = client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS,
                                        tool_choice="required", max_tokens=10, temperature=0)
