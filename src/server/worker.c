@@ -22,6 +22,8 @@ struct gen {
     struct server *sv;
     struct job *j;
     struct detok dt;
+    char *text; // one token's text (detok_out_cap bytes)
+    size_t text_cap;
     struct stop_strings *stop;
     bool stopped; // a stop string matched
     struct chat_parser *parser;
@@ -120,9 +122,8 @@ static bool push_text(struct gen *g, const char *text, size_t len) {
 }
 
 static bool push_token_text(struct gen *g, int32_t id) {
-    char buf[256];
-    size_t n = detok_push(g->sv->tok, &g->dt, id, buf, sizeof buf);
-    return push_text(g, buf, n);
+    size_t n = detok_push(g->sv->tok, &g->dt, id, g->text, g->text_cap);
+    return push_text(g, g->text, n);
 }
 
 static int on_token(void *ud, const struct sampled_token *t) {
@@ -355,6 +356,8 @@ static void run_job(struct server *sv, struct job *j) {
     g.stop = stop_strings_new((const char *const *)j->req.stop, j->req.n_stop);
     g.parser = chat_parser_new(j->req.tools, j->in_reasoning);
     g.force = forced_text(&j->req);
+    g.text_cap = detok_out_cap(sv->tok);
+    g.text = xmalloc(g.text_cap);
     g.tool_calls = cJSON_CreateArray();
     g.logprobs = cJSON_CreateArray();
     if (j->req.stream) {
@@ -366,9 +369,8 @@ static void run_job(struct server *sv, struct job *j) {
     rc = generate(&g, max_new, &e);
     double t2 = now_sec();
     // Flush what the detokenizer, the stop filter and the parser still hold.
-    char tail[16];
-    size_t n = detok_flush(&g.dt, tail, sizeof tail);
-    if (!g.stopped) push_text(&g, tail, n);
+    size_t n = detok_flush(&g.dt, g.text, g.text_cap);
+    if (!g.stopped) push_text(&g, g.text, n);
     stop_strings_flush(g.stop, to_parser, &g);
     chat_parser_finish(g.parser, on_event, &g);
     metrics_generation(&sv->metrics, j->n_prompt, cached, j->n_prompt - cached, t1 - t0, g.n_gen,
@@ -405,6 +407,7 @@ static void run_job(struct server *sv, struct job *j) {
     chat_parser_free(g.parser);
     stop_strings_free(g.stop);
     free(g.force);
+    free(g.text);
     free(g.reasoning);
     free(g.content);
     cJSON_Delete(g.tool_calls);
