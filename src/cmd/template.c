@@ -27,6 +27,12 @@ static void usage(FILE *f) {
                "  --no-generation-prompt   leave out the trailing assistant header\n");
 }
 
+// "--name" or "--name=value"
+static bool is_opt(const char *arg, const char *name) {
+    size_t n = strlen(name);
+    return !strncmp(arg, name, n) && (arg[n] == 0 || arg[n] == '=');
+}
+
 static int parse_opts(int argc, char **argv, struct template_opts *o) {
     *o = (struct template_opts){.generation_prompt = true};
     for (int i = 1; i < argc; i++) {
@@ -34,13 +40,13 @@ static int parse_opts(int argc, char **argv, struct template_opts *o) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "-m") || !strncmp(a, "--model", 7)) {
+        } else if (!strcmp(a, "-m") || is_opt(a, "--model")) {
             if (!(o->model_dir = opt_value(argc, argv, &i))) return -1;
-        } else if (!strncmp(a, "--requests-jsonl", 16)) {
+        } else if (is_opt(a, "--requests-jsonl")) {
             if (!(o->requests_jsonl = opt_value(argc, argv, &i))) return -1;
-        } else if (!strncmp(a, "--request", 9)) {
+        } else if (is_opt(a, "--request")) {
             if (!(o->request = opt_value(argc, argv, &i))) return -1;
-        } else if (!strncmp(a, "--flavor", 8)) {
+        } else if (is_opt(a, "--flavor")) {
             if (!(o->flavor = opt_value(argc, argv, &i))) return -1;
             if (strcmp(o->flavor, "qwen3.5") && strcmp(o->flavor, "qwen3.6")) {
                 fprintf(stderr, "wren template: --flavor: expected qwen3.5 or qwen3.6\n");

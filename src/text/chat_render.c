@@ -38,7 +38,7 @@ struct render {
 };
 
 // raise_exception(reason): the template's own words.
-static int raise(struct render *r, const char *reason) {
+static int template_raise(struct render *r, const char *reason) {
     return wren_errf(r->e, "%s", reason);
 }
 
@@ -73,13 +73,13 @@ static int render_content(struct render *r, const cJSON *content, bool count, bo
         return 0;
     }
     if (!content || cJSON_IsNull(content)) return 0;
-    if (!cJSON_IsArray(content)) return raise(r, "Unexpected content type.");
+    if (!cJSON_IsArray(content)) return template_raise(r, "Unexpected content type.");
     for (const cJSON *item = content->child; item; item = item->next) {
         int a, b;
         if ((a = py_in(item, "image", r)) < 0) return -1;
         if (!a && (a = py_in(item, "image_url", r)) < 0) return -1;
         if (a || is_str(pyjson_get(item, "type"), "image")) {
-            if (is_system) return raise(r, "System message cannot contain images.");
+            if (is_system) return template_raise(r, "System message cannot contain images.");
             if (count) r->image_count++;
             if (r->add_vision_id) sb_printf(sb, "Picture %d: ", r->image_count);
             sb_puts(sb, "<|vision_start|><|image_pad|><|vision_end|>");
@@ -87,13 +87,13 @@ static int render_content(struct render *r, const cJSON *content, bool count, bo
         }
         if ((b = py_in(item, "video", r)) < 0) return -1;
         if (b || is_str(pyjson_get(item, "type"), "video")) {
-            if (is_system) return raise(r, "System message cannot contain videos.");
+            if (is_system) return template_raise(r, "System message cannot contain videos.");
             if (count) r->video_count++;
             if (r->add_vision_id) sb_printf(sb, "Video %d: ", r->video_count);
             sb_puts(sb, "<|vision_start|><|video_pad|><|vision_end|>");
             continue;
         }
-        if (!py_in(item, "text", r)) return raise(r, "Unexpected item type in content.");
+        if (!py_in(item, "text", r)) return template_raise(r, "Unexpected item type in content.");
         // item.text: a dict's value (str() of it); a string or list has no such attribute ('').
         if (cJSON_IsObject(item)) pyjson_str(sb, pyjson_get(item, "text"));
     }
@@ -214,7 +214,7 @@ static int last_query_index(struct render *r, int *out) {
             return 0;
         }
     }
-    return raise(r, "No user query found in messages.");
+    return template_raise(r, "No user query found in messages.");
 }
 
 // tool_call.arguments as a mapping (*map, NULL for none). OpenAI clients send a JSON string,
@@ -349,7 +349,7 @@ static int render_messages(struct render *r, const cJSON *kwargs, struct strbuf 
         const cJSON *role = role_of(m);
         int rc = 0;
         if (is_str(role, "system")) {
-            if (i != 0) rc = raise(r, "System message must be at the beginning.");
+            if (i != 0) rc = template_raise(r, "System message must be at the beginning.");
         } else if (is_str(role, "user")) {
             sb_puts(out, "<|im_start|>user\n");
             sb_puts(out, content);
@@ -364,7 +364,7 @@ static int render_messages(struct render *r, const cJSON *kwargs, struct strbuf 
             sb_puts(out, "\n</tool_response>");
             if (!m->next || !is_str(role_of(m->next), "tool")) sb_puts(out, "<|im_end|>\n");
         } else {
-            rc = raise(r, "Unexpected message role.");
+            rc = template_raise(r, "Unexpected message role.");
         }
         free(content);
         if (rc) return -1;
@@ -378,7 +378,7 @@ int chat_render(const cJSON *request, enum chat_flavor flavor, bool add_generati
     const cJSON *kwargs = pyjson_get(request, "chat_template_kwargs");
     struct render r = {.flavor = flavor, .messages = pyjson_get(request, "messages"), .e = e};
     r.add_vision_id = py_truthy(pyjson_get(kwargs, "add_vision_id"));
-    if (!py_truthy(r.messages)) return raise(&r, "No messages provided.");
+    if (!py_truthy(r.messages)) return template_raise(&r, "No messages provided.");
     if (!cJSON_IsArray(r.messages))
         return wren_errf(e, "messages must be a list of message objects");
     struct strbuf sb = {0};

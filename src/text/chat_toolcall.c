@@ -107,15 +107,12 @@ int chat_toolcall_parse(const char *body, size_t len, const cJSON *tools, char *
         char *pname = dup_trim(pn, (size_t)(pn_end - pn));
         char *value = utf8_valid_copy(v, (size_t)(v_end - v));
         if (*pname) {
-            cJSON *item = convert(value, pyjson_get(props, pname));
-            if (cJSON_GetObjectItemCaseSensitive(args, pname))
-                cJSON_ReplaceItemInObjectCaseSensitive(args, pname, item);
-            else
-                cJSON_AddItemToObject(args, pname, item);
+            cJSON_AddItemToObject(args, pname, convert(value, pyjson_get(props, pname)));
         }
         free(pname);
         free(value);
     }
+    pyjson_dedupe_keys(args);
     struct strbuf sb = {0};
     pyjson_dump_verbatim(&sb, args);
     cJSON_Delete(args);

@@ -254,6 +254,39 @@ bad:
     return NULL;
 }
 
+struct keyed {
+    const char *key;
+    size_t pos;
+    cJSON *item;
+};
+
+static int by_key_then_pos(const void *a, const void *b) {
+    const struct keyed *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+// Sorting finds repeats in O(n log n): a request with many keys must not take quadratic time.
+void pyjson_dedupe_keys(cJSON *obj) {
+    size_t n = 0;
+    for (cJSON *it = obj ? obj->child : NULL; it; it = it->next) n++;
+    if (n < 2) return;
+    struct keyed *k = xmalloc(n * sizeof *k);
+    n = 0;
+    for (cJSON *it = obj->child; it; it = it->next, n++)
+        k[n] = (struct keyed){it->string ? it->string : "", n, it};
+    qsort(k, n, sizeof *k, by_key_then_pos);
+    for (size_t s = 0, t; s < n; s = t) {
+        for (t = s + 1; t < n && !strcmp(k[t].key, k[s].key);) t++;
+        if (t - s < 2) continue;
+        for (size_t j = s + 1; j + 1 < t; j++)
+            cJSON_Delete(cJSON_DetachItemViaPointer(obj, k[j].item));
+        cJSON *last = cJSON_DetachItemViaPointer(obj, k[t - 1].item);
+        cJSON_ReplaceItemViaPointer(obj, k[s].item, last); // frees the first one
+    }
+    free(k);
+}
+
 static cJSON *parse_object(struct parser *p) {
     cJSON *obj = cJSON_CreateObject();
     p->i++;
@@ -282,11 +315,7 @@ static cJSON *parse_object(struct parser *p) {
             free(key);
             goto bad;
         }
-        // Python's dict: a repeated key keeps its first position and takes the last value.
-        if (cJSON_GetObjectItemCaseSensitive(obj, key))
-            cJSON_ReplaceItemInObjectCaseSensitive(obj, key, v);
-        else
-            cJSON_AddItemToObject(obj, key, v);
+        cJSON_AddItemToObject(obj, key, v);
         free(key);
         skip_ws(p);
         if (p->i < p->n && p->s[p->i] == ',') {
@@ -295,6 +324,7 @@ static cJSON *parse_object(struct parser *p) {
         }
         if (p->i < p->n && p->s[p->i] == '}') {
             p->i++;
+            pyjson_dedupe_keys(obj);
             return obj;
         }
         fail(p, "expected ',' or '}'");

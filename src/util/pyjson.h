@@ -23,6 +23,10 @@ enum {
 // strings, nesting deeper than 512. Returns NULL with a message in e on error.
 struct cJSON *pyjson_parse(const char *text, size_t len, int flags, struct wren_err *e);
 
+// Makes a cJSON object's keys unique the way a Python dict built from its pairs would be: each
+// repeated key keeps its first position and takes its last value.
+void pyjson_dedupe_keys(struct cJSON *obj);
+
 // json.dumps(v, ensure_ascii=False): ", " and ": " separators, keys in order, Python's int and
 // float spelling (1, 1.0, 1e+16, NaN, Infinity).
 void pyjson_dump(struct strbuf *sb, const struct cJSON *v);

@@ -26,7 +26,7 @@ def test_rejected_conversations(tmp_path):
             continue
         f = tmp_path / ("r%d.json" % i)
         f.write_text(json.dumps(req, ensure_ascii=False), encoding="utf-8")
-        check_clean_failure(tct.run_wren(["--request", str(f)], None),
+        check_clean_failure(tct.run_wren(["--request", str(f)]),
                             want if kind == "raise" else None)
 
 
@@ -50,8 +50,8 @@ def test_malformed_json(tmp_path):
     for i, data in enumerate(MALFORMED):
         f = tmp_path / ("bad%d.json" % i)
         f.write_bytes(data)
-        check_clean_failure(tct.run_wren(["--request", str(f)], None))
-    check_clean_failure(tct.run_wren(["--request", str(tmp_path / "missing.json")], None),
+        check_clean_failure(tct.run_wren(["--request", str(f)]))
+    check_clean_failure(tct.run_wren(["--request", str(tmp_path / "missing.json")]),
                         "missing.json")
 
 
@@ -59,7 +59,7 @@ def test_batch_mode_reports_each_error(tmp_path):
     f = tmp_path / "batch.jsonl"
     f.write_bytes(b"\n".join([b'{"messages": [{"role": "user", "content": "q"}]}', b"{",
                               b'{"messages": []}', b'{"messages": [{"role": "user", "content": "ok"}]}']) + b"\n")
-    p = tct.run_wren(["--requests-jsonl", str(f)], None)
+    p = tct.run_wren(["--requests-jsonl", str(f)])
     assert p.returncode == 0 and not any(m in p.stderr for m in SANITIZER_MARKS)
     out = [json.loads(x) for x in p.stdout.decode().split("\n")[:-1]]
     assert [("prompt" in o) for o in out] == [True, False, False, True]

@@ -9,9 +9,7 @@ import json
 import os
 import random
 import subprocess
-import tempfile
 
-import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -45,7 +43,8 @@ def vllm_style(request):
     """Parses string tool-call arguments into mappings (what an OpenAI server does first)."""
     req = copy.deepcopy(request)
     for m in req.get("messages") or []:
-        if not isinstance(m, dict) or not isinstance(m.get("tool_calls"), list):
+        if not isinstance(m, dict) or m.get("role") != "assistant" or not isinstance(
+                m.get("tool_calls"), list):
             continue
         for tc in m["tool_calls"]:
             if not isinstance(tc, dict):
@@ -250,10 +249,54 @@ def r_rejected(rng):
     return req
 
 
+WILD_KEYS = ["role", "content", "text", "type", "image", "video", "image_url", "name",
+             "arguments", "function", "x"]
+WILD_SCALARS = [0, 1, -2.5, 1.0, True, False, None, "", "text", "image", "video", "user", "tool",
+                "assistant", "system", "<tool_response>x</tool_response>", "a</think>b",
+                "<think>r</think>c", " \u3000 "]
+
+
+def wild(rng, depth=0):
+    """Any JSON value, biased towards the words the template looks for."""
+    k = rng.random()
+    if depth < 3 and k < 0.2:
+        return {rng.choice(WILD_KEYS): wild(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    if depth < 3 and k < 0.35:
+        return [wild(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return rng.choice(WILD_SCALARS)
+
+
+def weird_case(rng):
+    """A conversation with odd values in odd places (types the template does not expect)."""
+    req = r_conversation(rng)
+    msgs = req["messages"]
+    for _ in range(rng.randint(1, 3)):
+        m = rng.choice(msgs)
+        key = rng.choice(["content", "role", "reasoning_content", "tool_calls"])
+        if key == "role":
+            m[key] = rng.choice(["user", "assistant", "tool", "system", wild(rng)])
+        elif key == "tool_calls":
+            m[key] = rng.choice([wild(rng), [wild(rng)], [{"function": wild(rng)}],
+                                 [{"function": {"name": "f", "arguments": wild(rng)}}],
+                                 [{"name": "g", "arguments": {"a": wild(rng)}}]])
+        else:
+            m[key] = wild(rng)
+    if rng.random() < 0.3:
+        req["tools"] = wild(rng)
+    if rng.random() < 0.3:
+        req["chat_template_kwargs"] = {
+            k: wild(rng) for k in ("enable_thinking", "preserve_thinking", "add_vision_id")
+            if rng.random() < 0.6}
+    if rng.random() < 0.1:
+        msgs.insert(rng.randint(0, len(msgs)), wild(rng))
+    return req
+
+
 def cases():
     rng = random.Random(20260529)
     out = [r_conversation(rng) for _ in range(N_CASES)]
     out += [r_rejected(rng) for _ in range(60)]
+    out += [weird_case(rng) for _ in range(400)]
     # Hand-written corners.
     out += [
         {"messages": [{"role": "user", "content": "hi"}], "tools": "ab"},
@@ -270,7 +313,7 @@ def cases():
     return out
 
 
-def run_wren(args, stdin_path):
+def run_wren(args):
     return subprocess.run([WREN, "template"] + args, capture_output=True, timeout=120)
 
 
@@ -293,7 +336,7 @@ def test_matches_jinja2(corpus, flavor, gen):
     args = ["--flavor", flavor, "--requests-jsonl", str(path)]
     if not gen:
         args.append("--no-generation-prompt")
-    p = run_wren(args, None)
+    p = run_wren(args)
     assert p.returncode == 0, p.stderr.decode()
     lines = p.stdout.decode("utf-8").split("\n")[:-1]
     assert len(lines) == len(reqs)
@@ -321,7 +364,7 @@ def test_single_request_byte_exact(corpus, tmp_path):
     for i, req in enumerate(reqs[:: len(reqs) // 25]):
         f = tmp_path / ("r%d.json" % i)
         f.write_text(json.dumps(req, ensure_ascii=False), encoding="utf-8")
-        p = run_wren(["--request", str(f)], None)
+        p = run_wren(["--request", str(f)])
         kind, want = reference(tmpl, req, True)
         if kind == "ok":
             assert p.returncode == 0, p.stderr.decode()
@@ -352,9 +395,9 @@ def test_flavor_from_checkpoint_dir(tmp_path):
         b.mkdir()
         (b / "tokenizer_config.json").write_text(json.dumps({"chat_template": text}))
         for dir_ in (a, b):
-            p = run_wren(["-m", str(dir_), "--request", str(f)], None)
+            p = run_wren(["-m", str(dir_), "--request", str(f)])
             assert p.returncode == 0 and p.stdout.decode() == expect[flavor]
-    p = run_wren(["--request", str(f)], None)  # no -m: Qwen3.6
+    p = run_wren(["--request", str(f)])  # no -m: Qwen3.6
     assert p.stdout.decode() == expect["qwen3.6"]
 
 
@@ -383,7 +426,7 @@ def test_numbers_and_whitespace_like_python(tmp_path):
     for flavor, name in FLAVORS.items():
         kind, want = reference(load_template(name), req, True)
         assert kind == "ok", want
-        p = run_wren(["--flavor", flavor, "--request", str(path)], None)
+        p = run_wren(["--flavor", flavor, "--request", str(path)])
         assert p.returncode == 0, p.stderr.decode()
         got = p.stdout.decode("utf-8")
         if got != want:
