@@ -133,8 +133,9 @@ static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection
             stopping ? "the server is shutting down" : "the request queue is full; retry later");
     }
     // From here the connection waits on the model, not on the client: the idle timeout (meant
-    // for clients that stall while sending) becomes the request timeout.
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)sv->o.timeout_s);
+    // for clients that stall while sending) becomes the request timeout, with slack so that
+    // the worker's own deadline ends the response properly first.
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)sv->o.timeout_s + 30);
     if (j->req.stream) {
         struct stream *st = xmalloc(sizeof *st);
         *st = (struct stream){sv, j};

@@ -212,8 +212,10 @@ def test_request_timeout():
         st, _, resp = post(s, {**body, "stream": True})
         assert st == 200
         events = [l[6:] for l in resp.decode().split("\n") if l.startswith("data: ")]
-        assert events[-1] == "[DONE]"
-        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        if events[-1] == "[DONE]":  # timed out while generating
+            assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        else:  # timed out during the prompt (slow sanitizer builds): an error event
+            assert json.loads(events[-1])["error"]["type"] == "timeout"
         assert time.time() - t0 < 20
         assert s.request("GET", "/health")[0] == 200
     finally:
