@@ -63,7 +63,7 @@ int cmd_serve(int argc, char **argv) {
         INT("--max-messages", 1, 1 << 20, &o.max_messages)
         INT("--max-prompt-tokens", 0, 1 << 24, &o.max_prompt_tokens)
         INT("--max-tokens", 0, 1 << 24, &o.max_tokens_default)
-        INT("--queue", 0, 1 << 16, &o.queue_size)
+        INT("--queue", 1, 1 << 16, &o.queue_size)
         INT("--max-connections", 1, 1 << 16, &o.max_connections)
         INT("--timeout", 1, 1 << 24, &o.timeout_s)
         INT("--idle-timeout", 1, 1 << 20, &o.idle_timeout_s)

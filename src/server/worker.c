@@ -16,7 +16,9 @@
 #include "text/tokenizer.h"
 #include "util/util.h"
 
-#define PREFILL_SEGMENT 256 // prompt tokens per feed call: the cancellation granularity of prefill
+// Prompt tokens per feed call when --prefill-chunk is not given: the granularity at which a
+// prefill notices cancellation, large enough to keep GPU prefill chunks efficient.
+#define PREFILL_SEGMENT 1024
 
 struct gen {
     struct server *sv;
@@ -246,11 +248,12 @@ static int generate(struct gen *g, int max_new, struct wren_err *e) {
 // every snapshot_every tokens (without KV).
 static int prefill(struct server *sv, struct job *j, int resume, struct wren_err *e) {
     int pos = resume, every = sv->o.snapshot_every;
+    int segment = sv->o.engine.prefill_chunk > 0 ? sv->o.engine.prefill_chunk : PREFILL_SEGMENT;
     while (pos < j->n_prompt) {
         if (atomic_load(&j->cancel) || atomic_load(&sv->stopping) || now_sec() > j->deadline)
             return 1;
         int end = j->n_prompt;
-        if (end - pos > PREFILL_SEGMENT) end = pos + PREFILL_SEGMENT;
+        if (end - pos > segment) end = pos + segment;
         int next_snap = every > 0 ? (pos / every + 1) * every : end;
         bool at_turn = j->turn_start > pos && j->turn_start < end;
         if (at_turn) end = j->turn_start;

@@ -80,6 +80,7 @@ class Server:
         self.log.close()
         rc = self.proc.returncode
         assert rc == 0, f"wren serve exited with {rc}:\n{self.output()}"
+        os.unlink(self.log_path)
 
     def client(self, **kw):
         import openai
