@@ -133,13 +133,19 @@ int snap_cache_resume(struct snap_cache *c, struct wren_session *s, const int32_
     best = -1; // entries may have moved: find the chosen one again
     for (int i = 0; i < c->n; i++)
         if (c->e[i].snap == chosen) best = i;
-    // The session's KV beyond the resume point is about to be overwritten.
+    // The session's KV beyond the resume point is about to be overwritten, and before it
+    // replaced by the restored snapshot's: KV-less snapshots stay valid only within the prefix
+    // that survives.
     int resume = best >= 0 ? best_len : 0;
-    for (int i = c->n - 1; i >= 0; i--)
-        if (!c->e[i].with_kv && i != best && wren_snapshot_len(c->e[i].snap) > resume) {
+    for (int i = c->n - 1; i >= 0; i--) {
+        const struct entry *x = &c->e[i];
+        int len = wren_snapshot_len(x->snap);
+        if (!x->with_kv && i != best &&
+            (len > resume || !is_prefix(wren_snapshot_tokens(x->snap), len, tok, resume))) {
             drop(c, i);
             if (best == c->n) best = i; // drop() moved the last entry into slot i
         }
+    }
     if (best < 0) {
         wren_session_reset(s);
         return 0;

@@ -424,3 +424,28 @@ def test_cache_budget_is_respected():
         assert m["wren_cache_entries"] >= 1
     finally:
         s.stop()
+
+
+def test_interleaved_conversations(client, plain):
+    """Two conversations taking turns each resume from their own saved turn start, with the
+    same greedy outputs as without reuse."""
+    im_start = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json")).token_to_id(
+        "<|im_start|>")
+    convs = {k: [{"role": "user", "content": f"Conversation {k}: say something about {k}."}]
+             for k in ("apples", "boats")}
+    prev_prompt = {}
+    for turn in range(2):
+        for k, msgs in convs.items():
+            kw = dict(model="tiny", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                      extra_body=NO_THINK)
+            r = client.chat.completions.create(**kw)
+            ref = plain.client().chat.completions.create(**kw)
+            assert [e.token for e in r.choices[0].logprobs.content] == \
+                [e.token for e in ref.choices[0].logprobs.content]
+            cached = r.usage.prompt_tokens_details.cached_tokens
+            if turn:
+                p = prev_prompt[k]
+                assert cached == len(p) - 1 - p[::-1].index(im_start)
+            prev_prompt[k] = reference_prompt_ids(msgs, enable_thinking=False)
+            msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": "Go on."}]
