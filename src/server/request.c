@@ -163,6 +163,8 @@ static int parse_messages(const cJSON *root, const struct oai_limits *lim, struc
             known |= !strcmp(role->valuestring, ROLES[r]);
         if (!known)
             return BAD("messages", "messages[%d].role: unknown role '%.64s'", i, role->valuestring);
+        // OpenAI's newer name for system instructions; the template knows only "system".
+        if (!strcmp(role->valuestring, "developer")) cJSON_SetValuestring((cJSON *)role, "system");
         if (check_content(cJSON_GetObjectItemCaseSensitive(msg, "content"), i, err)) return -1;
         const cJSON *rc = cJSON_GetObjectItemCaseSensitive(msg, "reasoning_content");
         if (rc && !cJSON_IsNull(rc) && !cJSON_IsString(rc))

@@ -88,6 +88,10 @@ def test_routes_and_methods(srv):
     check_error(*srv.request("DELETE", "/v1/models")[::2], 405)
     st, _, body = post(srv, {"messages": MSG, "max_tokens": 2, "unknown_field": [1, {"x": 2}]})
     assert st == 200 and json.loads(body)["choices"][0]["message"]["role"] == "assistant"
+    # "developer" is taken as "system" (the template knows only the latter)
+    st, _, body = post(srv, {"messages": [{"role": "developer", "content": "Be brief."}, *MSG],
+                             "max_tokens": 2})
+    assert st == 200, body
 
 
 def test_huge_body_without_length(srv):
