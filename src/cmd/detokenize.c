@@ -4,8 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "cmd/cmd.h"
 #include "text/tokenizer.h"
 #include "util/util.h"
@@ -76,7 +74,8 @@ static int parse_id_args(char **args, int n, int **out, struct wren_err *e) {
     for (int i = 0; i < n; i++) {
         const char *p = args[i];
         for (;;) {
-            while (*p == ' ' || *p == ',' || *p == '[' || *p == ']' || *p == '\n' || *p == '\t') p++;
+            while (*p == ' ' || *p == ',' || *p == '[' || *p == ']' || *p == '\n' || *p == '\t')
+                p++;
             if (!*p) break;
             char *end;
             errno = 0;
@@ -94,13 +93,32 @@ static int parse_id_args(char **args, int n, int **out, struct wren_err *e) {
     return (int)k;
 }
 
+// The text as one JSON string line (the detokenizer's output is valid UTF-8, NULs included).
+static void print_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    fputs("\"\n", stdout);
+}
+
 static int decode_print(const struct tokenizer *t, const struct detokenize_opts *o, const int *ids,
                         int n, const char *what) {
     int n_vocab = tokenizer_n_vocab(t);
     for (int i = 0; i < n; i++)
         if (ids[i] >= n_vocab || !tokenizer_token_bytes(t, ids[i], NULL)) {
-            fprintf(stderr, "wren detokenize: %s: token id %d (element %d) is not in the vocabulary "
-                            "(valid ids: 0..%d)\n", what, ids[i], i, n_vocab - 1);
+            fprintf(stderr,
+                    "wren detokenize: %s: token id %d (element %d) is not in the vocabulary "
+                    "(valid ids: 0..%d)\n",
+                    what, ids[i], i, n_vocab - 1);
             return -1;
         }
     size_t cap = detok_out_cap(t), len = 0, room = cap + 64;
@@ -114,12 +132,7 @@ static int decode_print(const struct tokenizer *t, const struct detokenize_opts 
     if (len + cap > room) text = xrealloc(text, room = len + cap);
     len += detok_flush(&d, text + len, cap);
     if (o->json) {
-        text[len] = 0; // the text is valid UTF-8; an id for a NUL byte would cut it here
-        cJSON *s = cJSON_CreateString(text);
-        char *js = s ? cJSON_PrintUnformatted(s) : NULL;
-        if (js) printf("%s\n", js);
-        free(js);
-        cJSON_Delete(s);
+        print_json_string(text, len);
     } else {
         fwrite(text, 1, len, stdout);
     }
@@ -143,7 +156,8 @@ int cmd_detokenize(int argc, char **argv) {
     }
     int rc = 0, *ids = NULL, n;
     if (o.n_ids || !o.n_files) {
-        n = o.n_ids ? parse_id_args(o.ids, o.n_ids, &ids, &e) : read_tokens_json("/dev/stdin", &ids, &e);
+        n = o.n_ids ? parse_id_args(o.ids, o.n_ids, &ids, &e)
+                    : read_tokens_json("/dev/stdin", &ids, &e);
         if (n < 0) {
             fprintf(stderr, "wren detokenize: %s\n", e.msg);
             rc = -1;

@@ -29,6 +29,12 @@ size_t st_dtype_size(enum st_dtype t) {
     return 0;
 }
 
+const char *st_dtype_name(enum st_dtype t) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].t == t) return dtypes[i].name;
+    return "?";
+}
+
 static int cmp_tensor(const void *a, const void *b) {
     return strcmp(((const struct st_tensor *)a)->name, ((const struct st_tensor *)b)->name);
 }

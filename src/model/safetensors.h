@@ -32,4 +32,5 @@ struct st_file {
 struct st_file *st_open(const char *path, struct wren_err *e);
 void st_close(struct st_file *f);
 struct st_tensor *st_find(struct st_file *f, const char *name);
-size_t st_dtype_size(enum st_dtype t); // 0 for unknown
+size_t st_dtype_size(enum st_dtype t);      // 0 for unknown
+const char *st_dtype_name(enum st_dtype t); // "BF16", "U32", ...; "?" for unknown

@@ -12,9 +12,12 @@ uint32_t bytelevel_char(unsigned char b) {
     if (printable(b)) return b;
     // Rank of b among the non-printable bytes.
     unsigned r;
-    if (b <= 0x20) r = b;                   // 0x00..0x20: 33 bytes
-    else if (b <= 0xA0) r = 33 + (b - 0x7F); // 0x7F..0xA0: 34 bytes
-    else r = 67;                            // 0xAD
+    if (b <= 0x20)
+        r = b; // 0x00..0x20: 33 bytes
+    else if (b <= 0xA0)
+        r = 33 + (b - 0x7F); // 0x7F..0xA0: 34 bytes
+    else
+        r = 67; // 0xAD
     return 0x100 + r;
 }
 

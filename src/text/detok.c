@@ -16,6 +16,7 @@ struct sink {
 
 static void put(struct sink *s, const char *p, size_t k) {
     if (k > s->cap - s->n) k = s->cap - s->n; // never past the caller's buffer
+    if (!k) return;
     memcpy(s->out + s->n, p, k);
     s->n += k;
 }
@@ -95,4 +96,6 @@ size_t detok_flush(struct detok *d, char *out, size_t cap) {
     return s.n;
 }
 
-size_t detok_out_cap(const struct tokenizer *t) { return 3 * (tokenizer_max_token_len(t) + 4); }
+size_t detok_out_cap(const struct tokenizer *t) {
+    return 3 * (tokenizer_max_token_len(t) + 4);
+}

@@ -1,6 +1,7 @@
 // Word cache: prose repeats its words, so most pre-tokens are found here instead of being merged
-// again. Fixed-size tables; when one fills up the whole cache starts over (cheap, and keeps
-// memory bounded whatever the input).
+// again. An encode call holds the cache for its whole duration (one lock per call, not per word);
+// a call that finds it busy in another thread simply encodes without it. Fixed-size tables; when
+// one fills up the whole cache starts over (cheap, and keeps memory bounded whatever the input).
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,8 +48,15 @@ static const struct cache_entry *find(const struct word_cache *c, const char *ke
     return NULL;
 }
 
+bool word_cache_acquire(struct word_cache *c) {
+    return pthread_mutex_trylock(&c->mu) == 0;
+}
+
+void word_cache_release(struct word_cache *c) {
+    pthread_mutex_unlock(&c->mu);
+}
+
 int word_cache_get(struct word_cache *c, const char *key, size_t n, uint64_t h, int32_t *out) {
-    pthread_mutex_lock(&c->mu);
     size_t slot;
     const struct cache_entry *en = find(c, key, n, h, &slot);
     int k = -1;
@@ -56,14 +64,12 @@ int word_cache_get(struct word_cache *c, const char *key, size_t n, uint64_t h, 
         k = en->n_ids;
         memcpy(out, c->ids + en->ids_off, (size_t)k * sizeof *out);
     }
-    pthread_mutex_unlock(&c->mu);
     return k;
 }
 
-void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h,
-                    const int32_t *ids, int n_ids) {
+void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h, const int32_t *ids,
+                    int n_ids) {
     if (n > WORD_CACHE_MAX_KEY || n_ids > WORD_CACHE_MAX_KEY) return;
-    pthread_mutex_lock(&c->mu);
     if (c->n_entries >= c->max_entries || c->keys_used + n > c->keys_cap ||
         c->ids_used + (size_t)n_ids > c->ids_cap) {
         memset(c->slots, 0, (c->mask + 1) * sizeof *c->slots);
@@ -83,5 +89,4 @@ void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h,
         c->ids_used += (size_t)n_ids;
         c->slots[slot] = (uint32_t)++c->n_entries;
     }
-    pthread_mutex_unlock(&c->mu);
 }

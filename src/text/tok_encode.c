@@ -21,6 +21,7 @@ struct enc {
     pcre2_match_data *md;
     pcre2_match_context *mctx; // only once a match needed a bigger JIT stack
     pcre2_jit_stack *jit_stack;
+    struct word_cache *cache; // NULL while another thread holds it
     struct wren_err *e;
 };
 
@@ -40,9 +41,10 @@ static void encode_word(struct enc *st, const char *w, size_t n) {
     reserve(st, n);
     int32_t *out = st->ids + st->n;
     uint64_t h = 0;
-    if (n <= WORD_CACHE_MAX_KEY) {
+    bool cached = st->cache && n <= WORD_CACHE_MAX_KEY;
+    if (cached) {
         h = tok_hash(w, n);
-        int k = word_cache_get(t->cache, w, n, h, out);
+        int k = word_cache_get(st->cache, w, n, h, out);
         if (k >= 0) {
             st->n += (size_t)k;
             return;
@@ -54,13 +56,13 @@ static void encode_word(struct enc *st, const char *w, size_t n) {
         st->scratch = xmalloc(st->scratch_cap * sizeof *st->scratch);
     }
     size_t k = tok_bpe(t, (const unsigned char *)w, n, out, st->scratch);
-    if (n <= WORD_CACHE_MAX_KEY) word_cache_put(t->cache, w, n, h, out, (int)k);
+    if (cached) word_cache_put(st->cache, w, n, h, out, (int)k);
     st->n += k;
 }
 
 static int regex_match(struct enc *st, const char *s, size_t n, size_t from) {
-    int rc = pcre2_match(st->t->split_re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, st->md,
-                         st->mctx);
+    int rc =
+        pcre2_match(st->t->split_re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, st->md, st->mctx);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !st->jit_stack) {
         // Pathological input (very long runs): retry once with a large JIT stack.
         st->jit_stack = pcre2_jit_stack_create(64 << 10, 64 << 20, NULL);
@@ -114,11 +116,20 @@ static bool is_white_space(uint32_t c) {
 static bool is_word_char(uint32_t c) {
     if (c == 0x200C || c == 0x200D) return true;
     switch (utf8proc_category((utf8proc_int32_t)c)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC: return true;
-    default: return false;
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -198,32 +209,97 @@ static int encode_normalized(struct enc *st, const char *s, size_t n) {
     return split_added(st, 1, s, n, encode_span);
 }
 
-// NFC leaves text without any code point >= U+0300 unchanged (nothing composes or reorders
-// before the first combining mark), which covers ASCII and most Latin text: skip it there.
-static bool needs_nfc(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0xCC) return true;
-    return false;
+// A character NFC can neither change nor combine with what precedes it: a starter (combining
+// class 0) without a canonical decomposition that is never the second half of a composition.
+// NFC(x + y) == NFC(x) + NFC(y) whenever y begins with one, so only the short windows around
+// other characters need utf8proc; everything below U+0300 (ASCII, Latin-1) is stable.
+static bool nfc_stable(uint32_t cp) {
+    if (cp < 0x300) return true;
+    if (cp >= 0x1100 && cp <= 0x11FF) return false; // conjoining jamo compose algorithmically
+    if (cp >= 0xAC00 && cp <= 0xD7A3) return true;  // precomposed syllables: starters, NFC already
+    const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+    if (p->combining_class) return false;
+    if (p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0) return false; // canonical
+    if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;  // a second half
+    return true;
+}
+
+// Byte length and stability of the character at s[i] (valid UTF-8).
+static size_t char_info(const char *s, size_t n, size_t i, bool *stable) {
+    uint32_t cp = 0;
+    int bad, k = utf8_next((const unsigned char *)s + i, n - i, &cp, &bad);
+    *stable = nfc_stable(cp);
+    return k > 0 ? (size_t)k : 1;
+}
+
+struct buf {
+    char *p;
+    size_t n, cap;
+};
+
+static void buf_put(struct buf *b, const char *s, size_t n) {
+    if (!n) return;
+    if (b->n + n > b->cap) b->p = xrealloc(b->p, b->cap = 2 * (b->n + n) + 64);
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
 }
 
 static int encode_raw_span(struct enc *st, const char *s, size_t n) {
-    if (!st->t->nfc || !needs_nfc(s, n)) return encode_normalized(st, s, n);
-    utf8proc_uint8_t *norm = NULL;
-    utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &norm,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (k < 0) return wren_errf(st->e, "NFC normalization failed: %s", utf8proc_errmsg(k));
-    int rc = encode_normalized(st, (const char *)norm, (size_t)k);
-    free(norm);
+    if (!st->t->nfc) return encode_normalized(st, s, n);
+    struct buf out = {0};
+    size_t copied = 0, i = 0;
+    bool changed = false;
+    while (i < n) {
+        if ((unsigned char)s[i] < 0xCC) { // ASCII, continuation bytes, code points < U+0300
+            i++;
+            continue;
+        }
+        bool stable;
+        size_t k = char_info(s, n, i, &stable);
+        if (stable) {
+            i += k;
+            continue;
+        }
+        // Window: the stable character before (it may compose with this one) up to the next
+        // stable character.
+        size_t ws = i, we = i + k;
+        if (i > copied) {
+            do ws--;
+            while (ws > copied && ((unsigned char)s[ws] & 0xC0) == 0x80);
+        }
+        while (we < n && (unsigned char)s[we] >= 0x80) {
+            size_t k2 = char_info(s, n, we, &stable);
+            if (stable) break;
+            we += k2;
+        }
+        buf_put(&out, s + copied, ws - copied);
+        utf8proc_uint8_t *norm = NULL;
+        utf8proc_ssize_t nk =
+            utf8proc_map((const utf8proc_uint8_t *)s + ws, (utf8proc_ssize_t)(we - ws), &norm,
+                         UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (nk < 0) {
+            free(out.p);
+            return wren_errf(st->e, "NFC normalization failed: %s", utf8proc_errmsg(nk));
+        }
+        buf_put(&out, (const char *)norm, (size_t)nk);
+        free(norm);
+        copied = i = we;
+        changed = true;
+    }
+    if (!changed) return encode_normalized(st, s, n); // nothing to normalize: no copy
+    buf_put(&out, s + copied, n - copied);
+    int rc = encode_normalized(st, out.p, out.n);
+    free(out.p);
     return rc;
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
                      struct wren_err *e) {
     *ids = NULL;
-    if (!text && len) return wren_errf(e, "tokenize: no text given");
+    if (!text && len) return wren_errf(e, "no text given");
     size_t valid = utf8_valid_prefix(text, len);
     if (valid != len)
-        return wren_errf(e, "tokenize: the text is not valid UTF-8 (bad byte 0x%02X at offset %zu)",
+        return wren_errf(e, "the text is not valid UTF-8 (bad byte 0x%02X at offset %zu)",
                          (unsigned char)text[valid], valid);
     struct enc st = {.t = t, .e = e};
     st.cap = len / 3 + 16;
@@ -232,10 +308,12 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
         st.md = pcre2_match_data_create_from_pattern(t->split_re, NULL);
         if (!st.md) {
             free(st.ids);
-            return wren_errf(e, "tokenize: out of memory for the regex matcher");
+            return wren_errf(e, "out of memory for the regex matcher");
         }
     }
+    if (word_cache_acquire(t->cache)) st.cache = t->cache;
     int rc = split_added(&st, 0, text, len, encode_raw_span);
+    if (st.cache) word_cache_release(st.cache);
     free(st.scratch);
     if (st.md) pcre2_match_data_free(st.md);
     if (st.mctx) pcre2_match_context_free(st.mctx);
@@ -246,7 +324,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
     }
     if (st.n > INT32_MAX) {
         free(st.ids);
-        return wren_errf(e, "tokenize: text too long (more than 2^31 tokens)");
+        return wren_errf(e, "text too long (more than 2^31 tokens)");
     }
     *ids = st.ids;
     return (int)st.n;

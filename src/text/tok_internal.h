@@ -41,7 +41,9 @@ struct added_token {
     bool special, lstrip, rstrip, single_word, normalized;
 };
 
-// Cache of pre-token bytes -> ids, shared by all encode calls (guarded by a mutex).
+// Cache of pre-token bytes -> ids, shared by all encode calls: a call uses it only between
+// word_cache_acquire() (which fails, without waiting, while another thread holds it) and
+// word_cache_release().
 struct word_cache {
     pthread_mutex_t mu;
     uint32_t *slots; // entry index + 1; 0 = empty
@@ -50,7 +52,7 @@ struct word_cache {
         uint64_t hash;
         uint32_t key_off, ids_off;
         uint16_t key_len, n_ids;
-    } *entries;
+    } * entries;
     size_t n_entries, max_entries;
     char *keys;
     size_t keys_used, keys_cap;
@@ -67,7 +69,7 @@ struct tokenizer {
     uint8_t *special; // per id
     size_t max_len;   // longest token, in bytes
 
-    uint32_t *vocab_slots; // BPE vocabulary by raw bytes: id + 1, 0 = empty
+    uint64_t *vocab_slots; // BPE vocabulary by raw bytes: hash tag and id + 1, 0 = empty
     size_t vocab_mask;
     int32_t byte_id[256]; // id of each single byte (-1 if the vocabulary lacks it)
 
@@ -95,15 +97,20 @@ size_t tok_bpe(const struct tokenizer *t, const unsigned char *w, size_t n, int3
                uint32_t *scratch);
 
 struct word_cache *word_cache_new(void);
+bool word_cache_acquire(struct word_cache *c);
+void word_cache_release(struct word_cache *c);
 void word_cache_free(struct word_cache *c);
 // Looks up key; on a hit copies the ids to out (capacity >= WORD_CACHE_MAX_KEY) and returns
 // their count, else -1.
 int word_cache_get(struct word_cache *c, const char *key, size_t n, uint64_t h, int32_t *out);
-void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h,
-                    const int32_t *ids, int n_ids);
+void word_cache_put(struct word_cache *c, const char *key, size_t n, uint64_t h, const int32_t *ids,
+                    int n_ids);
+
+struct jv;
+// Reads normalizer, pre_tokenizer and decoder of a tokenizer.json (tok_pipeline.c).
+int tok_load_pipeline(struct tokenizer *t, const struct jv *root, struct wren_err *e);
 
 // Translates a regex written for Oniguruma / Rust (what the tokenizers library runs) into the
 // PCRE2 dialect with the same meaning where the two differ (\s, \w classes) and compiles it
 // with UTF + UCP. Returns NULL and fills e on a bad pattern.
-pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal,
-                              struct wren_err *e);
+pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, struct wren_err *e);

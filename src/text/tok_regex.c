@@ -10,7 +10,7 @@
 
 // Unicode White_Space, which Oniguruma's \s matches.
 #define SPACE_ITEMS                                                                                \
-    "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"   \
+    "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"  \
     "\\x{205F}\\x{3000}"
 #define WORD_ITEMS "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
 #define HEX_ITEMS  "0-9a-fA-F"
@@ -30,7 +30,9 @@ static void put(struct sbuf *b, const char *s, size_t n) {
     b->p[b->n] = 0;
 }
 
-static void puts_(struct sbuf *b, const char *s) { put(b, s, strlen(s)); }
+static void puts_(struct sbuf *b, const char *s) {
+    put(b, s, strlen(s));
+}
 
 // Emits the replacement of shorthand class `c` (s, S, w, W, h, H); returns 0 if c is not one we
 // rewrite. Negated forms inside a bracket cannot be inlined and are left to PCRE2.
@@ -38,13 +40,23 @@ static int shorthand(struct sbuf *b, char c, bool in_class) {
     const char *items;
     bool neg = false;
     switch (c) {
-    case 'S': neg = true; /* fall through */
-    case 's': items = SPACE_ITEMS; break;
-    case 'W': neg = true; /* fall through */
-    case 'w': items = WORD_ITEMS; break;
-    case 'H': neg = true; /* fall through */
-    case 'h': items = HEX_ITEMS; break;
-    default: return 0;
+    case 'S':
+        neg = true; /* fall through */
+    case 's':
+        items = SPACE_ITEMS;
+        break;
+    case 'W':
+        neg = true; /* fall through */
+    case 'w':
+        items = WORD_ITEMS;
+        break;
+    case 'H':
+        neg = true; /* fall through */
+    case 'h':
+        items = HEX_ITEMS;
+        break;
+    default:
+        return 0;
     }
     if (in_class) {
         if (neg) return 0;
@@ -82,19 +94,20 @@ static char *translate(const char *s, size_t n) {
     return b.p;
 }
 
-pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal,
-                              struct wren_err *e) {
+pcre2_code *tok_regex_compile(const char *pattern, size_t len, bool literal, struct wren_err *e) {
     char *pat = literal ? NULL : translate(pattern, len);
     int err;
     PCRE2_SIZE erroff;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    // Oniguruma's Ruby syntax (the tokenizers library's default) makes ^ and $ line anchors.
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : PCRE2_MULTILINE);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : pat),
                                    literal ? len : strlen(pat), opts, &err, &erroff, NULL);
     free(pat);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        wren_errf(e, "pre-tokenizer regex is invalid: %s (near offset %zu of the translated pattern)",
+        wren_errf(e,
+                  "pre-tokenizer regex is invalid: %s (near offset %zu of the translated pattern)",
                   (const char *)msg, (size_t)erroff);
         return NULL;
     }

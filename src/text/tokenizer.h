@@ -16,7 +16,7 @@ struct tokenizer *tokenizer_load(const char *dir, struct wren_err *e);
 void tokenizer_free(struct tokenizer *t);
 
 // Encodes UTF-8 text (special/added tokens in the text are recognised). Invalid UTF-8 is an error.
-// *ids is malloc'd; returns the number of ids or -1.
+// *ids is malloc'd; returns the number of ids or -1. Safe to call from several threads at once.
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int32_t **ids,
                      struct wren_err *e);
 // Number of token ids the tokenizer defines (BPE vocabulary + added tokens): ids >= this never

@@ -5,10 +5,14 @@
 // Valid second-byte range for a lead byte (Unicode Table 3-7); the others are 80..BF.
 static void second_range(unsigned c, unsigned *lo, unsigned *hi) {
     *lo = 0x80, *hi = 0xBF;
-    if (c == 0xE0) *lo = 0xA0;
-    else if (c == 0xED) *hi = 0x9F;
-    else if (c == 0xF0) *lo = 0x90;
-    else if (c == 0xF4) *hi = 0x8F;
+    if (c == 0xE0)
+        *lo = 0xA0;
+    else if (c == 0xED)
+        *hi = 0x9F;
+    else if (c == 0xF0)
+        *lo = 0x90;
+    else if (c == 0xF4)
+        *hi = 0x8F;
 }
 
 static int seq_len(unsigned c) {
