@@ -1,0 +1,282 @@
+// libmicrohttpd glue: routing, authentication, body limits, SSE streaming, and noticing clients
+// that go away (their job is cancelled and leaves the queue or stops within one token).
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "server/http.h"
+#include "server/internal.h"
+#include "util/util.h"
+
+#define POLL_MS 50 // how often a waiting connection checks that its client is still there
+
+struct req_ctx {
+    char *body;
+    size_t len, cap;
+    bool too_large;
+};
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type,
+                                 char *body) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, const struct oai_error *err) {
+    return send_body(c, err->status, "application/json", oai_error_body(err));
+}
+
+static enum MHD_Result error(struct MHD_Connection *c, int status, const char *type,
+                             const char *fmt, const char *arg) {
+    struct oai_error err;
+    oai_errorf(&err, status, type, NULL, fmt, arg);
+    return send_error(c, &err);
+}
+
+static enum MHD_Result too_large(struct server *sv, struct MHD_Connection *c) {
+    char limit[32];
+    snprintf(limit, sizeof limit, "%zu", sv->o.max_body);
+    return error(c, 413, "invalid_request_error",
+                 "the request body is larger than the limit of %s bytes (--max-body)", limit);
+}
+
+static bool client_gone(int fd) {
+    if (fd < 0) return false;
+    char ch;
+    ssize_t r = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void wait_a_little(struct job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += POLL_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+struct stream {
+    struct server *sv;
+    struct job *j;
+};
+
+static void abandon(struct server *sv, struct job *j) {
+    atomic_store(&j->cancel, true);
+    if (queue_remove(&sv->queue, j)) metrics_request(&sv->metrics, OUT_CANCELLED);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    struct stream *st = cls;
+    struct job *j = st->j;
+    pthread_mutex_lock(&j->mu);
+    while (j->out_pos == j->out_len && !j->done) {
+        wait_a_little(j);
+        if (j->out_pos == j->out_len && !j->done && client_gone(j->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            abandon(st->sv, j);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+    size_t n = j->out_len - j->out_pos;
+    if (n > max) n = max;
+    memcpy(buf, j->out + j->out_pos, n);
+    j->out_pos += n;
+    pthread_mutex_unlock(&j->mu);
+    return n ? (ssize_t)n : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void stream_free(void *cls) {
+    struct stream *st = cls;
+    abandon(st->sv, st->j);
+    job_release(st->j);
+    free(st);
+}
+
+static int client_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection *c,
+                                        struct req_ctx *rc) {
+    struct oai_error err = {0};
+    struct oai_limits lim = {sv->o.max_messages, sv->o.max_body};
+    struct job *j = job_new();
+    j->arrived = now_sec();
+    j->deadline = j->arrived + sv->o.timeout_s;
+    j->fd = client_fd(c);
+    if (oai_request_parse(rc->body ? rc->body : "", rc->len, &lim, sv->o.test_replay, &j->req,
+                          &err) ||
+        prepare_prompt(sv, j, &err)) {
+        job_release(j);
+        metrics_request(&sv->metrics, OUT_CLIENT_ERROR);
+        return send_error(c, &err);
+    }
+    if (queue_push(&sv->queue, j)) {
+        job_release(j);
+        metrics_request(&sv->metrics, OUT_REJECTED);
+        bool stopping = atomic_load(&sv->stopping);
+        return error(
+            c, stopping ? 503 : 429, stopping ? "server_error" : "rate_limit_exceeded", "%s",
+            stopping ? "the server is shutting down" : "the request queue is full; retry later");
+    }
+    // From here the connection waits on the model, not on the client: the idle timeout (meant
+    // for clients that stall while sending) becomes the request timeout, with slack so that
+    // the worker's own deadline ends the response properly first.
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)sv->o.timeout_s + 30);
+    if (j->req.stream) {
+        struct stream *st = xmalloc(sizeof *st);
+        *st = (struct stream){sv, j};
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+                                                                   stream_read, st, stream_free);
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        wait_a_little(j);
+        if (!j->done && client_gone(j->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            abandon(sv, j);
+            job_release(j);
+            return MHD_NO;
+        }
+    }
+    int status = j->status;
+    char *body = j->body;
+    j->body = NULL;
+    pthread_mutex_unlock(&j->mu);
+    job_release(j);
+    if (!body) {
+        free(body);
+        if (status == 499) return MHD_NO;
+        return error(c, 503, "server_error", "%s", "the server is shutting down");
+    }
+    return send_body(c, status, "application/json", body);
+}
+
+static bool authorized(struct server *sv, struct MHD_Connection *c) {
+    if (!sv->o.api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    size_t n = strlen(sv->o.api_key);
+    if (strlen(h) != n) return false;
+    unsigned char diff = 0; // constant time: the key's bytes are not revealed by timing
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)(h[i] ^ sv->o.api_key[i]);
+    return diff == 0;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls) {
+    (void)version;
+    struct server *sv = cls;
+    struct req_ctx *rc = *con_cls;
+    if (!rc) {
+        rc = xcalloc(1, sizeof *rc);
+        *con_cls = rc;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > sv->o.max_body) {
+            rc->too_large = true;
+            return too_large(sv, c);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!rc->too_large && rc->len + *upload_size <= sv->o.max_body) {
+            if (rc->len + *upload_size + 1 > rc->cap) {
+                rc->cap = (rc->len + *upload_size + 1) * 2;
+                if (rc->cap > sv->o.max_body + 1) rc->cap = sv->o.max_body + 1;
+                rc->body = xrealloc(rc->body, rc->cap);
+            }
+            memcpy(rc->body + rc->len, upload, *upload_size);
+            rc->len += *upload_size;
+        } else {
+            rc->too_large = true; // the rest of the body is read and dropped
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (rc->too_large) return too_large(sv, c);
+    if (!strcmp(url, "/health"))
+        return send_body(c, 200, "application/json", xstrdup("{\"status\":\"ok\"}"));
+    if (!authorized(sv, c))
+        return error(c, 401, "invalid_request_error", "%s",
+                     "missing or wrong API key (Authorization: Bearer ...)");
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/v1/models") && get)
+        return send_body(c, 200, "application/json", oai_models_body(sv));
+    if (!strcmp(url, "/metrics") && get)
+        return send_body(c, 200, "text/plain; version=0.0.4",
+                         metrics_text(&sv->metrics, queue_depth(&sv->queue)));
+    if (!strcmp(url, "/v1/chat/completions") && post) {
+        if (rc->body) rc->body[rc->len] = 0;
+        return chat_completions(sv, c, rc);
+    }
+    if (!strcmp(url, "/v1/models") || !strcmp(url, "/metrics") ||
+        !strcmp(url, "/v1/chat/completions"))
+        return error(c, 405, "invalid_request_error", "method %s not allowed here", method);
+    return error(c, 404, "invalid_request_error", "%s", "unknown endpoint");
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    struct req_ctx *rc = *con_cls;
+    if (!rc) return;
+    free(rc->body);
+    free(rc);
+    *con_cls = NULL;
+}
+
+struct MHD_Daemon *http_start(struct server *sv, struct wren_err *e) {
+    struct sockaddr_storage ss = {0};
+    socklen_t sl;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD;
+    if (inet_pton(AF_INET, sv->o.host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)sv->o.port);
+        sl = sizeof *a4;
+    } else if (inet_pton(AF_INET6, sv->o.host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)sv->o.port);
+        sl = sizeof *a6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        wren_errf(e, "--host: '%s' is not an IPv4 or IPv6 address", sv->o.host);
+        return NULL;
+    }
+    (void)sl;
+    struct MHD_Daemon *d =
+        MHD_start_daemon(flags, (uint16_t)sv->o.port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR,
+                         &ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)sv->o.idle_timeout_s,
+                         MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_END);
+    if (!d)
+        wren_errf(e, "cannot listen on %s port %d (in use, or not allowed?)", sv->o.host,
+                  sv->o.port);
+    return d;
+}
+
+int http_port(struct MHD_Daemon *d) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    return di ? di->port : -1;
+}
