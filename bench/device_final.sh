@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The integrated GPU run, in one device call, from a folder packed by tools/devpack.sh inside the
+# repository (REPO, default ../..: fixtures, tokenizer and scripts are read from there):
+#   1. the card's ceilings (device copy bandwidth, bf16 matmul) via torch;
+#   2. every standalone CUDA kernel check (decode and prefill);
+#   3. CUDA vs CPU vs HF-reference logits on the tiny fixtures (both formats), greedy CLI runs;
+#   4. wren bench --backend cuda on the full-size synthesized Qwen3.6-35B-A3B (prefill + decode);
+#   5. the per-node cost of an empty-kernel graph (check_decode_speed) for the decode analysis.
+# usage (on the GPU machine, in the pack): ./device_final.sh OUT_DIR
+set -u
+cd "$(dirname "$0")"
+out=${1:-/tmp/out}
+repo=${REPO:-../..}
+ref=$repo/tests/fixtures/ref
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/lib
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+
+echo "== ceilings"
+python3 - <<'PY' || true
+import torch, time
+x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize(); t = time.perf_counter()
+for _ in range(10): y.copy_(x)
+torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 10
+print(f"device copy: {2 * x.numel() / dt / 1e9:.0f} GB/s (read + write)")
+a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda"); b = torch.randn_like(a)
+for _ in range(3): a @ b
+torch.cuda.synchronize(); t = time.perf_counter()
+for _ in range(10): a @ b
+torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 10
+print(f"bf16 matmul 8192^3: {2 * 8192**3 / dt / 1e12:.0f} TFLOP/s")
+PY
+
+echo "== decode kernel checks"
+$repo/bench/cuda_checks.sh cuda_checks 2>&1 | tail -12
+echo "== prefill kernel checks"
+for c in gemm moe dn attn; do
+  timeout 120 ./cuda_checks/check_prefill_$c > "$out/check_prefill_$c.log" 2>&1
+  echo "check_prefill_$c: exit $? ($(grep -c '^ok' "$out/check_prefill_$c.log") ok, $(grep -c FAIL "$out/check_prefill_$c.log") FAIL)"
+done
+
+echo "== CUDA vs CPU vs HF reference (tiny fixtures)"
+python3 $repo/tools/make_fixtures.py /tmp/fx > /dev/null && (cd /tmp/fx && sha256sum -c --quiet "$OLDPWD/$ref/SHA256SUMS" && echo "fixtures byte-identical to the reference ones")
+for m in tiny-hf tiny-mlx4 tiny-mlx8; do
+  for be in cpu cuda; do
+    ./wren logits -m /tmp/fx/$m --tokens-file $ref/tokens.json --out /tmp/fx/$m.$be.f32 --backend $be || echo "logits $m $be failed"
+  done
+  ./wren logits -m /tmp/fx/$m --tokens-file $ref/tokens.json --out /tmp/fx/$m.cuda1.f32 --backend cuda --prefill-chunk 1 || echo "logits $m cuda chunk 1 failed"
+done
+REF=$ref python3 - <<'PY'
+import os
+import numpy as np
+def L(p): return np.fromfile(p, dtype="<f4").reshape(600, -1)
+for m in ["tiny-hf", "tiny-mlx4", "tiny-mlx8"]:
+    ref = L(os.environ["REF"] + f"/{m}.f32")
+    for tag in ["cpu", "cuda", "cuda1"]:
+        try: x = L(f"/tmp/fx/{m}.{tag}.f32")
+        except Exception as e: print(m, tag, "missing", e); continue
+        cpu = L(f"/tmp/fx/{m}.cpu.f32")
+        r = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)
+        print(f"{m:10s} {tag:6s} vs HF ref: rel L2 {r(x, ref):.3e} top1 {(x.argmax(1) == ref.argmax(1)).mean():.4f}"
+              f" | vs CPU: rel L2 {r(x, cpu):.3e} top1 {(x.argmax(1) == cpu.argmax(1)).mean():.4f}")
+PY
+./wren synth --preset tiny --tokenizer $repo/data/tokenizers/qwen3 --out /tmp/tinyq > /dev/null
+for be in cpu cuda; do
+  ./wren run -m /tmp/tinyq --backend $be --temp 0 --max-tokens 32 --raw -p "The quick brown fox" --log /tmp/run_$be.jsonl > /tmp/run_$be.txt 2> /tmp/run_$be.err || { echo "run $be failed"; cat /tmp/run_$be.err; }
+done
+python3 - <<'PY'
+import json
+a = json.loads(open("/tmp/run_cpu.jsonl").readline())["generated"]
+b = json.loads(open("/tmp/run_cuda.jsonl").readline())["generated"]
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"greedy run, tiny model: CPU and CUDA agree on the first {n} of {len(a)} tokens")
+PY
+tail -1 /tmp/run_cuda.err
+
+echo "== full-size model"
+t0=$(date +%s)
+./wren synth --preset qwen3.6-35b-a3b --no-vision --out /dev/shm/m | tail -1
+echo "synthesized in $(( $(date +%s) - t0 )) s"
+timeout 400 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 \
+  --prefill 256,512,1024,2048,4096,8192,16384,32768,65536,131072 \
+  --decode 256,1024,4096,16384,32768,65536,131072 --json "$out/bench.json" 2>&1
+echo "== empty-graph node cost and decode breakdown"
+timeout 120 ./cuda_checks/check_decode_speed /dev/shm/m 4096 64 2>&1 | tail -25
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,memory.used --format=csv,noheader
