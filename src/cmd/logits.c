@@ -10,6 +10,7 @@
 struct logits_opts {
     struct wren_engine_opts eng;
     const char *tokens_file, *out;
+    int decode_from; // > 0: prefill the first N tokens, then feed the rest one at a time
 };
 
 static void usage(void) {
@@ -27,6 +28,9 @@ int cmd_logits(int argc, char **argv) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(), 0;
         if (!strncmp(argv[i], "--tokens-file", 13)) {
             if (!(o.tokens_file = opt_value(argc, argv, &i))) return 2;
+        } else if (!strncmp(argv[i], "--decode-from", 13)) {
+            const char *v = opt_value(argc, argv, &i);
+            if (!v || opt_int("--decode-from", v, 1, 1 << 24, &o.decode_from)) return 2;
         } else if (!strncmp(argv[i], "--out", 5)) {
             if (!(o.out = opt_value(argc, argv, &i))) return 2;
         } else {
@@ -55,7 +59,12 @@ int cmd_logits(int argc, char **argv) {
     int rc = -1;
     if (s && !logits)
         wren_errf(&e, "cannot allocate %zu bytes of logits", sizeof(float) * (size_t)n * vocab);
-    if (logits && !wren_session_feed(s, (const int32_t *)tok, n, logits, true, NULL, NULL, &e)) {
+    int pre = o.decode_from > 0 && o.decode_from < n ? o.decode_from : n;
+    bool ok = logits && !wren_session_feed(s, (const int32_t *)tok, pre, logits, true, NULL, NULL, &e);
+    for (int t = pre; ok && t < n; t++)
+        ok = !wren_session_feed(s, (const int32_t *)tok + t, 1, logits + (size_t)t * vocab, true, NULL,
+                                NULL, &e);
+    if (ok) {
         FILE *f = fopen(o.out, "wb");
         if (!f) {
             wren_errf(&e, "%s: cannot open for writing", o.out);

@@ -264,7 +264,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
                                s));
     }
     r.phase(PF_OTHER);
-    if (logits || w->prof) CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaStreamSynchronize(s)); // forward returns when the work is done (and checked)
     CUDA_CHECK_LAUNCH();
     if (w->prof)
         for (int i = 0; i + 1 < w->n_ev; i++) {
