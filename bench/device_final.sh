@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")"
 out=${1:-/tmp/out}
-repo=${REPO:-../..}
+repo=$(cd "${REPO:-../..}" && pwd)
 ref=$repo/tests/fixtures/ref
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/lib
@@ -38,11 +38,11 @@ $repo/bench/cuda_checks.sh cuda_checks 2>&1 | tail -12
 echo "== prefill kernel checks"
 for c in gemm moe dn attn; do
   timeout 120 ./cuda_checks/check_prefill_$c > "$out/check_prefill_$c.log" 2>&1
-  echo "check_prefill_$c: exit $? ($(grep -c '^ok' "$out/check_prefill_$c.log") ok, $(grep -c FAIL "$out/check_prefill_$c.log") FAIL)"
+  echo "check_prefill_$c: exit $? ($(grep -c ' ok$' "$out/check_prefill_$c.log") ok, $(grep -c FAIL "$out/check_prefill_$c.log") FAIL)"
 done
 
 echo "== CUDA vs CPU vs HF reference (tiny fixtures)"
-python3 $repo/tools/make_fixtures.py /tmp/fx > /dev/null && (cd /tmp/fx && sha256sum -c --quiet "$OLDPWD/$ref/SHA256SUMS" && echo "fixtures byte-identical to the reference ones")
+python3 $repo/tools/make_fixtures.py /tmp/fx > /dev/null && (cd /tmp/fx && sha256sum -c --quiet "$ref/SHA256SUMS" && echo "fixtures byte-identical to the reference ones")
 for m in tiny-hf tiny-mlx4 tiny-mlx8; do
   for be in cpu cuda; do
     ./wren logits -m /tmp/fx/$m --tokens-file $ref/tokens.json --out /tmp/fx/$m.$be.f32 --backend $be || echo "logits $m $be failed"
