@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/rng.h"
 #include "util/util.h"
 
 struct cand {
@@ -18,7 +19,7 @@ struct cand {
 struct sampler {
     struct sampler_params p;
     int n_valid; // ids [0, n_valid) may be sampled
-    uint64_t rng[4];
+    struct rng rng;
 
     uint8_t *seen; // repetition penalty: id occurred in history or output (NULL when off)
     int32_t *seen_ids;
@@ -30,34 +31,6 @@ struct sampler {
 
     struct cand *cand; // scratch [n_valid]
 };
-
-// xoshiro256** seeded through splitmix64 (Blackman & Vigna): small, fast, and the same stream on
-// every platform, unlike rand().
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(uint64_t s[4]) {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-static double rng_uniform(uint64_t s[4]) { // [0, 1)
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
 
 struct sampler_params sampler_defaults(void) {
     return (struct sampler_params){.temperature = 1.0f,
@@ -95,8 +68,7 @@ struct sampler *sampler_new(const struct sampler_params *p, int vocab, const int
     s->p = *p;
     s->n_valid = (p->n_vocab > 0 && p->n_vocab < vocab) ? p->n_vocab : vocab;
     if (s->n_valid < 1) s->n_valid = 1; // a zero-length row would leave nothing to return
-    uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    rng_seed(&s->rng, p->seed);
     if (rep_on(p)) {
         s->seen = xcalloc((size_t)s->n_valid, 1);
         for (int i = 0; i < n_history; i++) mark_seen(s, history[i]);
@@ -351,7 +323,7 @@ static int32_t sample_truncated(struct sampler *s, const float *l) {
     // The draw scans the kept ids in ascending id order, whatever order the selection left them
     // in, so that another implementation (a device sampler) can reproduce it from the same u.
     if (!in_id_order) qsort(c, (size_t)n, sizeof *c, cand_by_id);
-    double u = rng_uniform(s->rng) * sum, cum = 0;
+    double u = rng_uniform(&s->rng) * sum, cum = 0;
     for (int i = 0; i < n; i++) {
         cum += c[i].v;
         if (u < cum) return c[i].id;

@@ -4,42 +4,11 @@
 #include <string.h>
 
 #include "synth/synth.h"
+#include "util/rng.h"
 #include "util/util.h"
 
-struct rng {
-    uint64_t s[4];
-};
-
-static uint64_t sm64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(struct rng *r, uint64_t key, uint64_t chunk) {
-    uint64_t x = key ^ (chunk * 0xa0761d6478bd642full);
-    for (int i = 0; i < 4; i++) r->s[i] = sm64(&x);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
-
-static inline uint64_t rng_next(struct rng *r) {
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
-static inline float rng_unit(struct rng *r) { // uniform in [0, 1)
-    return (float)(rng_next(r) >> 40) * (1.0f / 16777216.0f);
+static void rng_seed_chunk(struct rng *r, uint64_t key, uint64_t chunk) {
+    rng_seed(r, key ^ (chunk * 0xa0761d6478bd642full));
 }
 
 #define SCALE_JITTER 0.2f
@@ -63,7 +32,7 @@ static inline void put(const struct synth_tensor *t, uint8_t *out, size_t i, flo
 
 void synth_fill(const struct synth_tensor *t, size_t chunk_index, uint8_t *out, size_t n) {
     struct rng r;
-    rng_seed(&r, t->key, chunk_index);
+    rng_seed_chunk(&r, t->key, chunk_index);
     if (t->init == SI_QWEIGHT) { // every bit uniform: every code of every width uniform
         size_t i = 0;
         for (; i + 8 <= n; i += 8) {
