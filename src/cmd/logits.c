@@ -60,10 +60,11 @@ int cmd_logits(int argc, char **argv) {
     if (s && !logits)
         wren_errf(&e, "cannot allocate %zu bytes of logits", sizeof(float) * (size_t)n * vocab);
     int pre = o.decode_from > 0 && o.decode_from < n ? o.decode_from : n;
-    bool ok = logits && !wren_session_feed(s, (const int32_t *)tok, pre, logits, true, NULL, NULL, &e);
+    bool ok =
+        logits && !wren_session_feed(s, (const int32_t *)tok, pre, logits, true, NULL, NULL, &e);
     for (int t = pre; ok && t < n; t++)
-        ok = !wren_session_feed(s, (const int32_t *)tok + t, 1, logits + (size_t)t * vocab, true, NULL,
-                                NULL, &e);
+        ok = !wren_session_feed(s, (const int32_t *)tok + t, 1, logits + (size_t)t * vocab, true,
+                                NULL, NULL, &e);
     if (ok) {
         FILE *f = fopen(o.out, "wb");
         if (!f) {

@@ -74,10 +74,22 @@ void cuda_prefill_free(struct cuda_ctx *cx);
 // Time of the prefill by kernel kind, for benchmarks: once on, each cuda_prefill records events
 // between its phases (and syncs at its end); kind_ms (if non-NULL) receives the sums so far, in
 // milliseconds, which are then reset.
-enum pf_kind { PF_GEMM, PF_ROUTE, PF_EXPERTS, PF_DN, PF_DN_SCAN, PF_ATTN, PF_LOGITS, PF_OTHER, PF_KINDS };
+enum pf_kind {
+    PF_GEMM,
+    PF_ROUTE,
+    PF_EXPERTS,
+    PF_DN,
+    PF_DN_SCAN,
+    PF_ATTN,
+    PF_LOGITS,
+    PF_OTHER,
+    PF_KINDS
+};
 extern const char *const pf_kind_name[PF_KINDS];
-int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS], struct wren_err *e);
+int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
+                         struct wren_err *e);
 
 // One decode step for token `tok` at position `pos` (src/backend/cuda/cuda_backend.cu): enqueued on
 // cx->stream (a replayed CUDA graph), not synchronized; leaves the logits in st->logits.
-int cuda_decode_token(struct cuda_ctx *cx, struct cuda_state *st, int pos, int32_t tok, struct wren_err *e);
+int cuda_decode_token(struct cuda_ctx *cx, struct cuda_state *st, int pos, int32_t tok,
+                      struct wren_err *e);

@@ -1,8 +1,9 @@
 // Causal flash attention for a prefill chunk on tensor cores (mma.sync m16n8k16 bf16), head_dim
-// 256, GQA: a block takes 128 (or 64) queries of one head (8 or 4 warps x 16 rows) and streams the KV cache rows
-// [0, pos + last query] in tiles of 64 keys (cp.async, double-buffered), with the online softmax
-// in registers. The chunk's own K/V are written into the cache first (attn_prep), so earlier
-// chunks and this one are read the same way. The output gate sigmoid is applied in the epilogue.
+// 256, GQA: a block takes 128 (or 64) queries of one head (8 or 4 warps x 16 rows) and streams the
+// KV cache rows [0, pos + last query] in tiles of 64 keys (cp.async, double-buffered), with the
+// online softmax in registers. The chunk's own K/V are written into the cache first (attn_prep), so
+// earlier chunks and this one are read the same way. The output gate sigmoid is applied in the
+// epilogue.
 #include "backend/cuda/prefill.cuh"
 
 namespace {
@@ -266,8 +267,8 @@ int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint
     constexpr int BQ = NW * 16, smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
     static bool attr_set = false;
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem));
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<NW>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
     dim3 grid((d->T + BQ - 1) / BQ, d->nh);

@@ -381,7 +381,7 @@ int launch_fast(cudaStream_t s, const gparams &p, dim3 grid, struct wren_err *e)
     static bool attr_set = false; // per instantiation; setting it twice is harmless
     if (!attr_set) {
         CUDA_CHECK(cudaFuncSetAttribute(gemm_q_kernel<BITS, BM, EPI>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
     gemm_q_kernel<BITS, BM, EPI><<<grid, NTHREADS, smem, s>>>(p);

@@ -257,11 +257,11 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
             const int m = n - t0 < LOGIT_ROWS ? n - t0 : LOGIT_ROWS;
             if (run_logits(r, t0, m, w->lg)) return -1;
             CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)t0 * c->vocab, w->lg,
-                                   sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
+                                       sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
         }
     } else if (logits) {
-        CUDA_CHECK(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab, cudaMemcpyDeviceToHost,
-                               s));
+        CUDA_CHECK(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab,
+                                   cudaMemcpyDeviceToHost, s));
     }
     r.phase(PF_OTHER);
     CUDA_CHECK(cudaStreamSynchronize(s)); // forward returns when the work is done (and checked)
