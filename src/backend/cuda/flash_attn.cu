@@ -4,6 +4,7 @@
 // online softmax in registers. The chunk's own K/V are written into the cache first (attn_prep), so
 // earlier chunks and this one are read the same way. The output gate sigmoid is applied in the
 // epilogue.
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/prefill.cuh"
 
 namespace {
@@ -11,35 +12,6 @@ namespace {
 constexpr int HD = 256, BKV = 64;
 constexpr int CH = HD / 8; // 16-byte chunks per row
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void cp_async16(void *smem, const void *g, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
-                 "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
@@ -168,14 +140,14 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++) {
             uint32_t a[4];
-            ldsm_x4(a, Qs + fswz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+            ldmatrix_x4(a, Qs + fswz(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
 #pragma unroll
             for (int np = 0; np < BKV / 16; np++) {
                 uint32_t b[4];
-                ldsm_x4(b, kt_s + fswz(np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                       ks * 2 + ((lane >> 3) & 1)));
-                mma(s[2 * np], a, b[0], b[1]);
-                mma(s[2 * np + 1], a, b[2], b[3]);
+                ldmatrix_x4(b, kt_s + fswz(np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                           ks * 2 + ((lane >> 3) & 1)));
+                mma_bf16(s[2 * np], a, b[0], b[1]);
+                mma_bf16(s[2 * np + 1], a, b[2], b[3]);
             }
         }
         // causal mask (also hides keys past n_keys) and online softmax, base 2
@@ -225,10 +197,10 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
             for (int np = 0; np < HD / 16; np++) {
                 uint32_t b[4];
-                ldsm_x4_t(b, vt_s + fswz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                         np * 2 + (lane >> 4)));
-                mma(o[2 * np], pa[ks], b[0], b[1]);
-                mma(o[2 * np + 1], pa[ks], b[2], b[3]);
+                ldmatrix_x4_trans(b, vt_s + fswz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                 np * 2 + (lane >> 4)));
+                mma_bf16(o[2 * np], pa[ks], b[0], b[1]);
+                mma_bf16(o[2 * np + 1], pa[ks], b[2], b[3]);
             }
         }
         __syncthreads(); // stage kt&1 is reloaded by the next iteration
