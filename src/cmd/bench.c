@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cmd/cmd.h"
 #include "util/util.h"
 
@@ -92,6 +94,40 @@ static int run_decode(struct wren_engine *en, int ctx, int gen, int repeat, stru
     return rc;
 }
 
+static int write_json(const char *path, struct wren_engine *en, const struct result *pre, int n_pre,
+                      const struct result *dec, int n_dec) {
+    cJSON *root = cJSON_CreateObject(), *arr;
+    cJSON_AddStringToObject(root, "model", wren_engine_model_dir(en));
+    cJSON_AddStringToObject(root, "backend", wren_engine_backend(en));
+    cJSON_AddNumberToObject(root, "weight_bytes", (double)wren_engine_weight_bytes(en));
+    arr = cJSON_AddArrayToObject(root, "prefill");
+    for (int i = 0; i < n_pre; i++) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "tokens", pre[i].len);
+        cJSON_AddNumberToObject(r, "seconds", pre[i].sec);
+        cJSON_AddNumberToObject(r, "tok_s", pre[i].tok_s);
+        cJSON_AddNumberToObject(r, "tflops", pre[i].ratio);
+        cJSON_AddItemToArray(arr, r);
+    }
+    arr = cJSON_AddArrayToObject(root, "decode");
+    for (int i = 0; i < n_dec; i++) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "context", dec[i].len);
+        cJSON_AddNumberToObject(r, "ms_per_token", dec[i].sec * 1e3);
+        cJSON_AddNumberToObject(r, "tok_s", dec[i].tok_s);
+        cJSON_AddNumberToObject(r, "bytes_per_token", wren_engine_decode_bytes(en, dec[i].len));
+        cJSON_AddNumberToObject(r, "gb_s", dec[i].ratio);
+        cJSON_AddItemToArray(arr, r);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    int rc = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF ? 0 : -1;
+    if (f && fclose(f)) rc = -1;
+    free(text);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv) {
     struct bench_opts o = {.gen = 64, .repeat = 2};
     for (int i = 1; i < argc; i++) {
@@ -165,30 +201,9 @@ int cmd_bench(int argc, char **argv) {
         fflush(stdout);
     }
     if (rc) fprintf(stderr, "wren bench: %s\n", e.msg);
-    if (!rc && o.json) {
-        FILE *f = fopen(o.json, "w");
-        if (!f) {
-            fprintf(stderr, "wren bench: cannot write %s\n", o.json);
-            rc = -1;
-        } else {
-            fprintf(f, "{\"model\": \"%s\", \"backend\": \"%s\", \"weight_bytes\": %zu,\n",
-                    wren_engine_model_dir(en), wren_engine_backend(en),
-                    wren_engine_weight_bytes(en));
-            fprintf(f, " \"prefill\": [");
-            for (int i = 0; i < o.n_prefill; i++)
-                fprintf(f,
-                        "%s{\"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.2f, \"tflops\": %.4f}",
-                        i ? ", " : "", pre[i].len, pre[i].sec, pre[i].tok_s, pre[i].ratio);
-            fprintf(f, "],\n \"decode\": [");
-            for (int i = 0; i < o.n_decode; i++)
-                fprintf(f,
-                        "%s{\"context\": %d, \"ms_per_token\": %.6f, \"tok_s\": %.2f, "
-                        "\"bytes_per_token\": %.0f, \"gb_s\": %.3f}",
-                        i ? ", " : "", dec[i].len, dec[i].sec * 1e3, dec[i].tok_s,
-                        wren_engine_decode_bytes(en, dec[i].len), dec[i].ratio);
-            fprintf(f, "]}\n");
-            if (fclose(f)) rc = -1;
-        }
+    if (!rc && o.json && write_json(o.json, en, pre, o.n_prefill, dec, o.n_decode)) {
+        fprintf(stderr, "wren bench: cannot write %s\n", o.json);
+        rc = -1;
     }
     wren_engine_close(en);
     return rc ? 1 : 0;
