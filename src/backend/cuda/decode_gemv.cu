@@ -15,6 +15,14 @@ void decode_set_sm_count(int sm_count, size_t smem_optin) {
 }
 
 #define GEMV_THREADS 256
+// Blocks per SM the row batches are spread over, and the minimum resident blocks per SM the
+// register allocation must allow (measured: see bench/RESULTS.md).
+#ifndef GEMV_BLOCKS_PER_SM
+#define GEMV_BLOCKS_PER_SM 4
+#endif
+#ifndef GEMV_MIN_BLOCKS
+#define GEMV_MIN_BLOCKS 3
+#endif
 
 // Block-wide sum of one float (all threads get it). red: >= 32 floats of shared memory.
 static __device__ __forceinline__ float block_sum(float v, float *red) {
@@ -241,7 +249,7 @@ static __device__ void topk_finish(const struct gemv_params &p) {
 }
 
 template <int TPR>
-__global__ void __launch_bounds__(GEMV_THREADS)
+__global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
     gemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ float xs[];
     __shared__ float red[GEMV_THREADS / 32 * 4];
@@ -308,7 +316,7 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
         int per = p->seg[i].epi == EPI_SWIGLU ? 2 : 4;
         batches += (p->seg[i].rows + per_block_groups * per - 1) / (per_block_groups * per);
     }
-    const long target_blocks = 2L * g_sm_count;
+    const long target_blocks = (long)GEMV_BLOCKS_PER_SM * g_sm_count;
     p->iters = (int)((batches + target_blocks - 1) / target_blocks);
     if (p->iters < 1) p->iters = 1;
     int nb = 0;
