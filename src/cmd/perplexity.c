@@ -75,6 +75,11 @@ int cmd_perplexity(int argc, char **argv) {
     if (o.eng.ctx < n) o.eng.ctx = n;
     if (!(en = wren_engine_open(&o.eng, &e)) || !(s = wren_session_new(en, n, &e))) goto out;
     int vocab = wren_engine_config(en)->vocab;
+    for (int i = 0; i < n; i++) // the last token is only a target, never fed: check all here
+        if (tok[i] < 0 || tok[i] >= vocab) {
+            wren_errf(&e, "token id %d at position %d is out of range [0, %d)", tok[i], i, vocab);
+            goto out;
+        }
     logits = xmalloc(sizeof(float) * (size_t)o.window * vocab);
     double nll = 0, t0 = now_sec();
     for (int p = 0; p < n - 1; p += o.window) {

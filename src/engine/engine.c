@@ -1,6 +1,7 @@
 // Engine and sessions: a loaded model on one backend, and sequences fed in bounded chunks.
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,8 @@ struct wren_session {
     int n, cap;
     int n_state;     // tokens whose effect is in the state: n, or n - 1 after a generation
     bool has_logits; // the state holds the logits of position n_state - 1
+    bool broken;     // a reset could not make a fresh state: refuse to compute on the old one
+    struct wren_err broken_err;
 };
 
 struct wren_snapshot {
@@ -28,6 +31,7 @@ struct wren_snapshot {
     struct bsnap *snap;
     int32_t *tokens;
     int n;
+    bool with_kv;
 };
 
 struct wren_engine *wren_engine_open(const struct wren_engine_opts *o, struct wren_err *e) {
@@ -111,11 +115,15 @@ void wren_session_free(struct wren_session *s) {
 // (KV rows are rewritten, recurrent state restarts from zero through a fresh state object).
 void wren_session_reset(struct wren_session *s) {
     struct backend *be = s->en->be;
-    struct wren_err e;
+    struct wren_err e = {0};
     struct bstate *st = be->ops->state_new(be, s->max_ctx, &e);
     if (st) {
         be->ops->state_free(be, s->st);
         s->st = st;
+        s->broken = false;
+    } else { // keeping the old recurrent state would silently corrupt the next sequence
+        s->broken = true;
+        s->broken_err = e;
     }
     s->n = s->n_state = 0;
     s->has_logits = false;
@@ -156,10 +164,10 @@ static int run(struct wren_session *s, int n, float *logits, bool all_logits,
                              all_logits && logits, e))
             return -1;
         s->n_state += m;
+        s->has_logits = true; // every forward leaves its last position's logits in the state
         done += m;
         if (progress) progress(ud, done, n);
     }
-    s->has_logits = true;
     return 0;
 }
 
@@ -172,6 +180,7 @@ static int catch_up(struct wren_session *s, struct wren_err *e) {
 int wren_session_feed(struct wren_session *s, const int32_t *tokens, int n, float *logits,
                       bool all_logits, wren_progress_cb progress, void *ud, struct wren_err *e) {
     const struct model_config *c = &s->en->model.cfg;
+    if (s->broken) return wren_errf(e, "session state could not be reset: %s", s->broken_err.msg);
     if (n <= 0) return wren_errf(e, "nothing to feed");
     if (s->n + n > s->max_ctx)
         return wren_errf(e, "context overflow: %d tokens in the session + %d new exceed its %d",
@@ -204,6 +213,7 @@ int wren_session_generate(struct wren_session *s, const struct sampler_params *p
                           wren_token_cb cb, void *ud, int *n_out, struct wren_err *e) {
     struct backend *be = s->en->be;
     *n_out = 0;
+    if (s->broken) return wren_errf(e, "session state could not be reset: %s", s->broken_err.msg);
     if (catch_up(s, e)) return -1;
     if (!s->has_logits) return wren_errf(e, "generate: feed a prompt first");
     if (max_new > s->max_ctx - s->n) max_new = s->max_ctx - s->n;
@@ -241,11 +251,15 @@ int wren_session_generate(struct wren_session *s, const struct sampler_params *p
 struct wren_snapshot *wren_session_snapshot(struct wren_session *s, bool with_kv,
                                             struct wren_err *e) {
     struct backend *be = s->en->be;
+    if (s->broken) {
+        wren_errf(e, "session state could not be reset: %s", s->broken_err.msg);
+        return NULL;
+    }
     if (catch_up(s, e)) return NULL;
     struct bsnap *b = be->ops->snap_save(be, s->st, s->n_state, with_kv, e);
     if (!b) return NULL;
     struct wren_snapshot *sn = xcalloc(1, sizeof *sn);
-    sn->en = s->en, sn->snap = b, sn->n = s->n_state;
+    sn->en = s->en, sn->snap = b, sn->n = s->n_state, sn->with_kv = with_kv;
     sn->tokens = xmalloc(sizeof(int32_t) * (size_t)(sn->n ? sn->n : 1));
     memcpy(sn->tokens, s->tokens, sizeof(int32_t) * (size_t)sn->n);
     return sn;
@@ -257,7 +271,16 @@ int wren_session_restore(struct wren_session *s, const struct wren_snapshot *sna
     if (snap->n > s->max_ctx)
         return wren_errf(e, "snapshot of %d tokens exceeds the session's context %d", snap->n,
                          s->max_ctx);
+    // Without KV the snapshot relies on the session's own cache rows [0, n): valid only while the
+    // session still holds the snapshot's tokens as a prefix of what its state has seen.
+    if (!snap->with_kv && (s->broken || s->n_state < snap->n ||
+                           memcmp(s->tokens, snap->tokens, sizeof(int32_t) * (size_t)snap->n)))
+        return wren_errf(e,
+                         "a snapshot without KV cache can only be restored into a session that "
+                         "still holds its %d tokens",
+                         snap->n);
     if (s->en->be->ops->snap_restore(s->en->be, s->st, snap->snap, e)) return -1;
+    s->broken = false;
     s->n = 0;
     append(s, snap->tokens, snap->n);
     s->n_state = snap->n;

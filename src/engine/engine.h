@@ -9,6 +9,8 @@
 #include "model/config.h"
 #include "util/err.h"
 
+// An engine and its sessions are used by one thread at a time (the server has one worker that owns
+// them); the backends are not reentrant.
 struct wren_engine;
 struct wren_session;
 struct wren_snapshot;
@@ -37,7 +39,8 @@ double wren_engine_prefill_flops(const struct wren_engine *en, int n);
 // A sequence with its own state, able to hold max_ctx tokens (0: the engine's default context).
 struct wren_session *wren_session_new(struct wren_engine *en, int max_ctx, struct wren_err *e);
 void wren_session_free(struct wren_session *s);
-void wren_session_reset(struct wren_session *s); // forget everything (cheap)
+// Forgets everything (cheap). If a fresh state cannot be made, later calls fail with the reason.
+void wren_session_reset(struct wren_session *s);
 int wren_session_max_ctx(const struct wren_session *s);
 
 // The sequence so far: every token fed or generated (the last generated one may not be in the

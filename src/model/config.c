@@ -186,6 +186,10 @@ int config_parse(struct model_config *c, const char *json, const char *path, str
         get_int(&s, "max_position_embeddings", 262144, 1, 1 << 30, &c->max_position) ||
         parse_layer_types(c, &s) || parse_eos(c, &s))
         goto out;
+    if (!(partial > 0 && partial <= 1) || !(c->rope_theta > 0)) {
+        wren_errf(e, "%s: partial_rotary_factor must be in (0, 1] and rope_theta positive", path);
+        goto out;
+    }
     c->rope_dim = (int)lroundf((float)c->head_dim * partial);
     if (c->n_experts > 0 && (c->top_k < 1 || c->expert_inter < 1)) {
         wren_errf(e, "%s: MoE config needs num_experts_per_tok and moe_intermediate_size", path);

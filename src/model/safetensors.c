@@ -83,7 +83,7 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
                          "(%zu data bytes; file truncated?)",
                          f->path, name, b0, b1, f->size - data_start);
     size_t esz = st_dtype_size(t->dtype);
-    if (esz && count * esz != b1 - b0)
+    if (esz && (count > SIZE_MAX / esz || count * esz != b1 - b0))
         return wren_errf(e, "%s: tensor '%s': %s shape needs %llu bytes but data_offsets span %zu",
                          f->path, name, t->dtype_name, (unsigned long long)(count * esz), b1 - b0);
     t->data = (const uint8_t *)f->map + data_start + b0;

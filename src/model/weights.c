@@ -279,9 +279,12 @@ static int list_shards(const char *dir, char ***out, int *n, struct wren_err *e)
         }
         for (const cJSON *it = wm->child; it; it = it->next) {
             if (!cJSON_IsString(it) || strchr(it->valuestring, '/')) {
+                wren_errf(e, "%s: weight_map['%s'] must name a file in the directory", path,
+                          it->string); // before the tree holding it->string is freed
+                for (int i = 0; i < k; i++) free(names[i]);
+                free(names);
                 cJSON_Delete(root);
-                return wren_errf(e, "%s: weight_map['%s'] must name a file in the directory", path,
-                                 it->string);
+                return -1;
             }
             int dup = 0;
             for (int i = 0; i < k && !dup; i++) dup = !strcmp(names[i], it->valuestring);

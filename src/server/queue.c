@@ -114,6 +114,11 @@ void job_release(struct job *j) {
 void job_emit(struct job *j, const char *data, size_t len) {
     pthread_mutex_lock(&j->mu);
     if (j->out_pos == j->out_len) j->out_pos = j->out_len = 0;
+    if (j->out_pos > j->out_len / 2) { // a reader that lags: keep only the unread part
+        memmove(j->out, j->out + j->out_pos, j->out_len - j->out_pos);
+        j->out_len -= j->out_pos;
+        j->out_pos = 0;
+    }
     if (j->out_len + len > j->out_cap) {
         j->out_cap = (j->out_len + len) * 2;
         j->out = xrealloc(j->out, j->out_cap);

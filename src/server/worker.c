@@ -343,6 +343,8 @@ static void run_job(struct server *sv, struct job *j) {
     double t1 = now_sec();
     if (rc) {
         bool err = rc < 0;
+        // a failed engine call may have left partial state: never resume from it
+        if (err) wren_session_reset(sv->session);
         if (err)
             fail(j, 500, "server_error", e.msg);
         else if (atomic_load(&j->cancel))
@@ -382,6 +384,7 @@ static void run_job(struct server *sv, struct job *j) {
     const char *finish = g.finish ? g.finish : "length";
     if (g.n_tool_calls && !strcmp(finish, "stop")) finish = "tool_calls";
     if (rc) {
+        wren_session_reset(sv->session); // partial state must not be resumed from
         fail(j, 500, "server_error", e.msg);
         metrics_request(&sv->metrics, OUT_SERVER_ERROR);
     } else if (g.cancelled) {

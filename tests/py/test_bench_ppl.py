@@ -45,3 +45,12 @@ def test_bench_rejects_bad_lists(fixtures_dir):  # noqa: F811
     p = subprocess.run([WREN, "bench", "-m", os.path.join(fixtures_dir, "tiny-mlx8"), "--prefill", "12,x"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--prefill" in p.stderr
+
+
+def test_perplexity_rejects_out_of_range_target(fixtures_dir, tmp_path):  # noqa: F811
+    # the last token is only a target (never fed), so it needs its own range check
+    toks = tmp_path / "t.json"
+    toks.write_text(json.dumps([1, 2, 3, 2000000000]))
+    p = subprocess.run([WREN, "perplexity", "-m", os.path.join(fixtures_dir, "tiny-mlx4"), "--tokens-file",
+                        str(toks), "--backend", "cpu"], capture_output=True, text=True)
+    assert p.returncode == 1 and "out of range" in p.stderr, (p.returncode, p.stderr)

@@ -155,6 +155,9 @@ static int cpu_snap_restore(struct backend *b, struct bstate *s, const struct bs
     if (sn->pos > st->max_ctx)
         return wren_errf(e, "snapshot of %d tokens does not fit the session (%d)", sn->pos,
                          st->max_ctx);
+    if (!sn->with_kv && sn->pos > st->kv_cap)
+        return wren_errf(e, "snapshot without KV at position %d, but the session holds %d rows",
+                         sn->pos, st->kv_cap);
     const float *p = sn->data;
     for (int i = 0; i < sn->n_dn; i++) {
         memcpy(st->conv[i], p, sn->conv_n * sizeof(float)), p += sn->conv_n;
