@@ -42,7 +42,8 @@ static void usage(FILE *f) {
         "  --vision/--no-vision write the vision tower's tensors (default: only for\n"
         "                       qwen3.6-35b-a3b, as published)\n"
         "  --shard-mb N         start a new file past N MiB (default 5120, as mlx-lm)\n"
-        "  --force              write into a non-empty DIR (replacing model*.safetensors)\n");
+        "  --force              write into a non-empty DIR (replacing model*.safetensors)\n"
+        "  --plan               print the tensor table and config.json (JSON), write nothing\n");
 }
 
 static int opt_u64(const char *name, const char *v, uint64_t *out) {
