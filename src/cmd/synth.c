@@ -80,7 +80,7 @@ static int parse(struct synth_opts *o, int argc, char **argv) {
         } else if (IS("--seed")) {
             if (!VALUE() || opt_u64("--seed", v, &o->seed)) return -1;
         } else if (IS("--threads")) {
-            if (!VALUE() || opt_int("--threads", v, 1, 1024, &o->threads)) return -1;
+            if (!VALUE() || opt_int("--threads", v, 1, 256, &o->threads)) return -1;
         } else if (IS("--shard-mb")) {
             if (!VALUE() || opt_int("--shard-mb", v, 1, 1 << 20, &o->shard_mb)) return -1;
         } else if (!strcmp(a, "--vision")) {
