@@ -42,7 +42,8 @@ static void usage(FILE *f) {
         "  --vision/--no-vision write the vision tower's tensors (default: only for\n"
         "                       qwen3.6-35b-a3b, as published)\n"
         "  --shard-mb N         start a new file past N MiB (default 5120, as mlx-lm)\n"
-        "  --force              write into a non-empty DIR (replacing model*.safetensors)\n");
+        "  --force              write into a non-empty DIR (replacing model*.safetensors)\n"
+        "  --plan               print the tensor table and config.json (JSON), write nothing\n");
 }
 
 static int opt_u64(const char *name, const char *v, uint64_t *out) {
@@ -79,7 +80,7 @@ static int parse(struct synth_opts *o, int argc, char **argv) {
         } else if (IS("--seed")) {
             if (!VALUE() || opt_u64("--seed", v, &o->seed)) return -1;
         } else if (IS("--threads")) {
-            if (!VALUE() || opt_int("--threads", v, 1, 1024, &o->threads)) return -1;
+            if (!VALUE() || opt_int("--threads", v, 1, 256, &o->threads)) return -1;
         } else if (IS("--shard-mb")) {
             if (!VALUE() || opt_int("--shard-mb", v, 1, 1 << 20, &o->shard_mb)) return -1;
         } else if (!strcmp(a, "--vision")) {

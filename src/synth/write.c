@@ -142,6 +142,7 @@ int synth_write_shards(const struct synth_plan *p, const char *dir, int threads,
         atomic_init(&j.failed, 0);
         pthread_mutex_init(&j.err_lock, NULL);
         if (threads < 1) threads = 1;
+        if ((size_t)threads > j.n_items) threads = j.n_items ? (int)j.n_items : 1;
         pthread_t *tid = xmalloc(sizeof(pthread_t) * (size_t)threads);
         int started = 0;
         for (; started < threads; started++)
