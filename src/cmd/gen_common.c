@@ -44,14 +44,8 @@ static void merge_sampling(struct gen *g, const struct gen_config *gc) {
     const struct sampler_params *c = &o->sampling;
     struct sampler_params *p = &g->sampling;
     *p = gc->sampling;
-    if (o->set & GEN_SET_TEMP) p->temperature = c->temperature;
-    if (o->set & GEN_SET_TOP_K) p->top_k = c->top_k;
-    if (o->set & GEN_SET_TOP_P) p->top_p = c->top_p;
-    if (o->set & GEN_SET_MIN_P) p->min_p = c->min_p;
-    if (o->set & GEN_SET_PRESENCE) p->presence_penalty = c->presence_penalty;
-    if (o->set & GEN_SET_FREQUENCY) p->frequency_penalty = c->frequency_penalty;
-    if (o->set & GEN_SET_REPETITION) p->repetition_penalty = c->repetition_penalty;
-    p->seed = (o->set & GEN_SET_SEED) ? c->seed : fresh_seed();
+    sampler_params_overlay(p, c, o->set);
+    if (!(o->set & SAMPLER_SET_SEED)) p->seed = fresh_seed();
     p->n_vocab = tokenizer_n_vocab(g->tok);
     p->n_logprobs = -1;
 }

@@ -17,22 +17,10 @@ struct cJSON;
 
 #define GEN_MAX_STOPS 16
 
-// Which sampling fields the command line set (they override generation_config.json).
-enum {
-    GEN_SET_TEMP = 1 << 0,
-    GEN_SET_TOP_K = 1 << 1,
-    GEN_SET_TOP_P = 1 << 2,
-    GEN_SET_MIN_P = 1 << 3,
-    GEN_SET_PRESENCE = 1 << 4,
-    GEN_SET_FREQUENCY = 1 << 5,
-    GEN_SET_REPETITION = 1 << 6,
-    GEN_SET_SEED = 1 << 7,
-};
-
 struct gen_opts {
     struct wren_engine_opts engine;
     struct sampler_params sampling; // values of the fields in `set`
-    unsigned set;
+    unsigned set;                   // SAMPLER_SET_* bits: fields the command line set
     int max_tokens; // 0: until an end token, a stop string or the end of the context
     const char *stop[GEN_MAX_STOPS];
     int n_stop;

@@ -75,29 +75,29 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(name, "--max-tokens"))
         bad = opt_int(name, v, 1, 1 << 30, &o->max_tokens);
     else if (!strcmp(name, "--temp") || !strcmp(name, "--temperature"))
-        bad = float_in(name, v, 0, 100, &p->temperature), o->set |= GEN_SET_TEMP;
+        bad = float_in(name, v, 0, 100, &p->temperature), o->set |= SAMPLER_SET_TEMPERATURE;
     else if (!strcmp(name, "--top-k"))
-        bad = opt_int(name, v, 0, 1 << 30, &p->top_k), o->set |= GEN_SET_TOP_K;
+        bad = opt_int(name, v, 0, 1 << 30, &p->top_k), o->set |= SAMPLER_SET_TOP_K;
     else if (!strcmp(name, "--top-p")) {
-        bad = float_in(name, v, 0, 1, &p->top_p), o->set |= GEN_SET_TOP_P;
+        bad = float_in(name, v, 0, 1, &p->top_p), o->set |= SAMPLER_SET_TOP_P;
         if (!bad && p->top_p <= 0) {
             fprintf(stderr, "wren: --top-p: expected a number in (0, 1], got '%s'\n", v);
             bad = -1;
         }
     } else if (!strcmp(name, "--min-p"))
-        bad = float_in(name, v, 0, 1, &p->min_p), o->set |= GEN_SET_MIN_P;
+        bad = float_in(name, v, 0, 1, &p->min_p), o->set |= SAMPLER_SET_MIN_P;
     else if (!strcmp(name, "--presence-penalty"))
-        bad = float_in(name, v, -2, 2, &p->presence_penalty), o->set |= GEN_SET_PRESENCE;
+        bad = float_in(name, v, -2, 2, &p->presence_penalty), o->set |= SAMPLER_SET_PRESENCE;
     else if (!strcmp(name, "--frequency-penalty"))
-        bad = float_in(name, v, -2, 2, &p->frequency_penalty), o->set |= GEN_SET_FREQUENCY;
+        bad = float_in(name, v, -2, 2, &p->frequency_penalty), o->set |= SAMPLER_SET_FREQUENCY;
     else if (!strcmp(name, "--repetition-penalty")) {
-        bad = float_in(name, v, 0, 100, &p->repetition_penalty), o->set |= GEN_SET_REPETITION;
+        bad = float_in(name, v, 0, 100, &p->repetition_penalty), o->set |= SAMPLER_SET_REPETITION;
         if (!bad && p->repetition_penalty <= 0) {
             fprintf(stderr, "wren: --repetition-penalty: expected a positive number\n");
             bad = -1;
         }
     } else if (!strcmp(name, "--seed"))
-        bad = parse_seed(v, &p->seed), o->set |= GEN_SET_SEED;
+        bad = parse_seed(v, &p->seed), o->set |= SAMPLER_SET_SEED;
     else if (!strcmp(name, "--stop")) {
         if (o->n_stop == GEN_MAX_STOPS) {
             fprintf(stderr, "wren: --stop: at most %d stop strings\n", GEN_MAX_STOPS);

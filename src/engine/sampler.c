@@ -346,3 +346,15 @@ void sampler_sample(struct sampler *s, float *logits, struct sampled_token *out)
     out->id = id;
     out->logprob = s->p.n_logprobs >= 0 ? (float)((double)logits[id] - lse) : 0.0f;
 }
+
+void sampler_params_overlay(struct sampler_params *p, const struct sampler_params *over,
+                            unsigned set) {
+    if (set & SAMPLER_SET_TEMPERATURE) p->temperature = over->temperature;
+    if (set & SAMPLER_SET_TOP_K) p->top_k = over->top_k;
+    if (set & SAMPLER_SET_TOP_P) p->top_p = over->top_p;
+    if (set & SAMPLER_SET_MIN_P) p->min_p = over->min_p;
+    if (set & SAMPLER_SET_PRESENCE) p->presence_penalty = over->presence_penalty;
+    if (set & SAMPLER_SET_FREQUENCY) p->frequency_penalty = over->frequency_penalty;
+    if (set & SAMPLER_SET_REPETITION) p->repetition_penalty = over->repetition_penalty;
+    if (set & SAMPLER_SET_SEED) p->seed = over->seed;
+}

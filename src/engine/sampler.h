@@ -33,6 +33,23 @@ struct sampler_params {
     int n_logprobs; // < 0: no logprobs; else report the sampled logprob and this many top ones
 };
 
+// Which sampling fields a request or the command line set explicitly (overriding the model's
+// generation_config.json defaults).
+enum {
+    SAMPLER_SET_TEMPERATURE = 1 << 0,
+    SAMPLER_SET_TOP_K = 1 << 1,
+    SAMPLER_SET_TOP_P = 1 << 2,
+    SAMPLER_SET_MIN_P = 1 << 3,
+    SAMPLER_SET_PRESENCE = 1 << 4,
+    SAMPLER_SET_FREQUENCY = 1 << 5,
+    SAMPLER_SET_REPETITION = 1 << 6,
+    SAMPLER_SET_SEED = 1 << 7,
+};
+
+// Copies the fields of `over` whose SAMPLER_SET_* bit is in `set` onto p.
+void sampler_params_overlay(struct sampler_params *p, const struct sampler_params *over,
+                            unsigned set);
+
 #define WREN_MAX_TOP_LOGPROBS 20
 
 struct sampled_token {

@@ -294,21 +294,23 @@ static int parse_fields(cJSON *root, const struct oai_limits *lim, bool allow_re
         if ((got = get_num(root, mt[i], 1, 1 << 30, true, &d, err)) < 0) return -1;
         if (got) r->max_tokens = (int)d;
     }
-    if (get_float(root, "temperature", 0, 2, &r->temperature, OAI_SET_TEMPERATURE, &r->set, err) ||
-        get_float(root, "top_p", 0, 1, &r->top_p, OAI_SET_TOP_P, &r->set, err) ||
-        get_float(root, "min_p", 0, 1, &r->min_p, OAI_SET_MIN_P, &r->set, err) ||
-        get_float(root, "presence_penalty", -2, 2, &r->presence_penalty, OAI_SET_PRESENCE, &r->set,
-                  err) ||
-        get_float(root, "frequency_penalty", -2, 2, &r->frequency_penalty, OAI_SET_FREQUENCY,
+    if (get_float(root, "temperature", 0, 2, &r->sampling.temperature, SAMPLER_SET_TEMPERATURE,
                   &r->set, err) ||
-        get_float(root, "repetition_penalty", 0.01, 10, &r->repetition_penalty, OAI_SET_REPETITION,
-                  &r->set, err))
+        get_float(root, "top_p", 0, 1, &r->sampling.top_p, SAMPLER_SET_TOP_P, &r->set, err) ||
+        get_float(root, "min_p", 0, 1, &r->sampling.min_p, SAMPLER_SET_MIN_P, &r->set, err) ||
+        get_float(root, "presence_penalty", -2, 2, &r->sampling.presence_penalty,
+                  SAMPLER_SET_PRESENCE, &r->set, err) ||
+        get_float(root, "frequency_penalty", -2, 2, &r->sampling.frequency_penalty,
+                  SAMPLER_SET_FREQUENCY, &r->set, err) ||
+        get_float(root, "repetition_penalty", 0.01, 10, &r->sampling.repetition_penalty,
+                  SAMPLER_SET_REPETITION, &r->set, err))
         return -1;
     if ((got = get_num(root, "top_k", -1, 1 << 30, true, &d, err)) < 0) return -1;
-    if (got) r->top_k = (int)d, r->set |= OAI_SET_TOP_K;
+    if (got) r->sampling.top_k = (int)d, r->set |= SAMPLER_SET_TOP_K;
     // Seeds are integers; JSON numbers beyond 2^53 lose precision, which is the client's choice.
     if ((got = get_num(root, "seed", -9.2e18, 1.8e19, true, &d, err)) < 0) return -1;
-    if (got) r->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d, r->set |= OAI_SET_SEED;
+    if (got)
+        r->sampling.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d, r->set |= SAMPLER_SET_SEED;
     if (parse_stop(root, r, err) || parse_tools(root, r, err)) return -1;
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     if (kw && !cJSON_IsNull(kw)) {

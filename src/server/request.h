@@ -1,6 +1,8 @@
 // The OpenAI chat-completions request, parsed and validated once (the only place that reads the
 // request JSON's fields). Pure: no engine, no tokenizer, so it can be fuzzed on its own.
 #pragma once
+
+#include "engine/sampler.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,27 +19,13 @@ enum oai_tool_choice {
     TOOL_CHOICE_NAMED
 };
 
-// Which sampling fields the request set (the rest come from the model's generation_config.json).
-enum {
-    OAI_SET_TEMPERATURE = 1 << 0,
-    OAI_SET_TOP_P = 1 << 1,
-    OAI_SET_TOP_K = 1 << 2,
-    OAI_SET_MIN_P = 1 << 3,
-    OAI_SET_PRESENCE = 1 << 4,
-    OAI_SET_FREQUENCY = 1 << 5,
-    OAI_SET_REPETITION = 1 << 6,
-    OAI_SET_SEED = 1 << 7,
-};
-
 struct oai_request {
     struct cJSON *root; // the whole request (owned); chat_render reads messages/tools from it
     bool stream;
     bool include_usage;
     int max_tokens; // 0: until the context is full
-    unsigned set;   // OAI_SET_* bits
-    float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
-    int top_k;
-    uint64_t seed;
+    unsigned set;   // SAMPLER_SET_* bits: the fields of `sampling` the request set
+    struct sampler_params sampling;
     int n_stop;
     char *stop[OAI_MAX_STOP];
     const struct cJSON *tools; // NULL when absent or tool_choice is "none" (then removed from root)

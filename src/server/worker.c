@@ -144,16 +144,8 @@ static int on_token(void *ud, const struct sampled_token *t) {
 static struct sampler_params request_sampling(const struct server *sv,
                                               const struct oai_request *r) {
     struct sampler_params p = sv->gen_defaults;
-    if (r->set & OAI_SET_TEMPERATURE) p.temperature = r->temperature;
-    if (r->set & OAI_SET_TOP_P) p.top_p = r->top_p;
-    if (r->set & OAI_SET_TOP_K) p.top_k = r->top_k;
-    if (r->set & OAI_SET_MIN_P) p.min_p = r->min_p;
-    if (r->set & OAI_SET_PRESENCE) p.presence_penalty = r->presence_penalty;
-    if (r->set & OAI_SET_FREQUENCY) p.frequency_penalty = r->frequency_penalty;
-    if (r->set & OAI_SET_REPETITION) p.repetition_penalty = r->repetition_penalty;
-    if (r->set & OAI_SET_SEED)
-        p.seed = r->seed;
-    else {
+    sampler_params_overlay(&p, &r->sampling, r->set);
+    if (!(r->set & SAMPLER_SET_SEED)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         p.seed = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_sec;
