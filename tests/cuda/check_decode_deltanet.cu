@@ -65,11 +65,12 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps) {
             worst = d > worst ? d : worst;
         }
     }
-    // the gated RMSNorm * silu(z) runs in the out_proj GEMV's input load: check it on the last step
-    {
+    // the gated RMSNorm * silu(z) runs in the out_proj GEMV's input load: check it on the last
+    // step, with the f32-activation kernel (bf16) and the int8 one (4-bit)
+    for (int bits : {16, 4}) {
+        if (bits == 4 && V % 64) continue; // one whole group per 64 inputs
         const int rows = 77;
-        struct tmat W = make_mat(1, rows, V, 16, 64);
-        std::vector<float> zz = host_copy(dz, V);
+        struct tmat W = make_mat(1, rows, V, bits, 64);
         float *out = dev_poison(rows);
         struct gemv_params gp;
         memset(&gp, 0, sizeof gp);
@@ -77,12 +78,14 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps) {
         gp.seg[0].a = W.d, gp.seg[0].rows = rows, gp.seg[0].epi = EPI_STORE, gp.seg[0].out = out;
         gp.nseg = 1;
         WK(gemv_launch(&gp, 0, &err_));
-        std::vector<float> want(rows);
-        for (int r = 0; r < rows; r++) want[r] = ref_dot(W, 0, r, y.data());
+        std::vector<float> want(rows), qe = qx_err(y.data(), V);
+        std::vector<double> bound(rows);
+        for (int r = 0; r < rows; r++)
+            want[r] = ref_dot(W, 0, r, y.data()), bound[r] = qx_bound(W, 0, r, qe.data());
         char nm[128];
-        snprintf(nm, sizeof nm, "gated rmsnorm*silu(z) fused in out_proj load, d_v %d", dv);
-        check_close(nm, host_copy(out, rows).data(), want.data(), rows, 2e-3f, 5e-3f);
-        (void)zz;
+        snprintf(nm, sizeof nm, "gated rmsnorm*silu(z) fused in out_proj load, d_v %d, b%d", dv,
+                 bits);
+        check_close_b(nm, host_copy(out, rows).data(), want.data(), bound, 2e-3f, 5e-3f);
     }
     char name[128];
     snprintf(name, sizeof name, "deltanet %d steps %dk/%dv heads d%dx%d outputs (max err %.2g)",

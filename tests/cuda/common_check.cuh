@@ -71,6 +71,7 @@ static float *dev_poison(size_t n) {
 struct tmat {
     struct dmat d;
     std::vector<float> w;
+    std::vector<float> gb; // quantized: bias of each group [(i*rows + r)*(cols/group) + g]
 };
 
 static struct tmat make_mat(int n, int rows, int cols, int bits, int group) {
@@ -110,6 +111,8 @@ static struct tmat make_mat(int n, int rows, int cols, int bits, int group) {
                                     bf16_to_f32(bi[r * ng + c / group]);
             }
         }
+        t.gb.resize(bi.size());
+        for (size_t i = 0; i < bi.size(); i++) t.gb[i] = bf16_to_f32(bi[i]);
         t.d.scales = (const uint8_t *)dev_copy(sc);
         t.d.biases = (const uint8_t *)dev_copy(bi);
     }
@@ -123,6 +126,34 @@ static float ref_dot(const struct tmat &m, int i, int r, const float *x) {
     double s = 0;
     for (int c = 0; c < m.d.cols; c++) s += (double)w[c] * x[c];
     return (float)s;
+}
+
+// The decode GEMV of 4/8-bit weights quantizes its input per block of 32 values (from column 0)
+// to two int8 planes: x ~= d (x1 + x2 / 254), d = max|x| / 127 (decode_qgemv.cu). qx_err gives
+// the representation error per value, computed as the kernel does.
+static std::vector<float> qx_err(const float *x, size_t n) {
+    std::vector<float> e(n, 0.f);
+    for (size_t b = 0; b < n; b += 32) {
+        float amax = 0.f;
+        for (size_t j = b; j < b + 32 && j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
+        const float inv = amax > 0.f ? 127.f / amax : 0.f, d = amax / 127.f;
+        for (size_t j = b; j < b + 32 && j < n; j++) {
+            float x1 = rintf(x[j] * inv), x2 = rintf(fmaf(-d, x1, x[j]) * (254.f * inv));
+            e[j] = fabsf(x[j] - d * (x1 + x2 / 254.f));
+        }
+    }
+    return e;
+}
+// Bound of the error that quantization causes in row r of matrix i dotted with x (err: qx_err of
+// x): sum_c |s q_c| err_c, where s q_c = w_c - bias. Zero for bf16 matrices (f32 path).
+static double qx_bound(const struct tmat &m, int i, int r, const float *err) {
+    if (m.gb.empty()) return 0.0;
+    const int cols = m.d.cols, ng = cols / m.d.group;
+    const float *w = m.w.data() + ((size_t)i * m.d.rows + r) * cols;
+    const float *gb = m.gb.data() + ((size_t)i * m.d.rows + r) * ng;
+    double s = 0;
+    for (int c = 0; c < cols; c++) s += fabs((double)w[c] - gb[c / m.d.group]) * err[c];
+    return s;
 }
 
 static std::vector<float> rnd_vec(size_t n, float lo, float hi) {
@@ -155,6 +186,32 @@ static bool check_close(const char *what, const float *got, const float *want, s
     return true;
 }
 
+// check_close with a per-element allowance (the int8-activation bound) on top of atol + rtol.
+static bool check_close_b(const char *what, const float *got, const float *want,
+                          const std::vector<double> &bound, float atol, float rtol) {
+    size_t n = bound.size(), bad = 0, first = 0;
+    double maxerr = 0, maxratio = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]), lim = atol + rtol * fabs(want[i]) + bound[i];
+        if (!(d <= lim)) {
+            if (!bad) first = i;
+            bad++;
+        }
+        if (d > maxerr || d != d) maxerr = d != d ? INFINITY : d;
+        if (d / lim > maxratio) maxratio = d / lim;
+    }
+    if (bad) {
+        printf("FAIL %-48s %zu/%zu bad (first %zu: got %g want %g, allowed %g), max err %.3g\n",
+               what, bad, n, first, got[first], want[first],
+               atol + rtol * fabs(want[first]) + bound[first], maxerr);
+        g_fail++;
+        return false;
+    }
+    printf("ok   %-48s n=%zu max err %.3g (%.2f of allowed)\n", what, n, maxerr, maxratio);
+    g_pass++;
+    return true;
+}
+
 static bool check_true(const char *what, bool ok) {
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
     ok ? g_pass++ : g_fail++;
@@ -169,7 +226,13 @@ static void init_device(void) {
     wren_err_prefix(&e, "link");
     cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
-    decode_set_sm_count(p.multiProcessorCount, p.sharedMemPerBlockOptin);
+    struct decode_config dc;
+    dc.sm_count = p.multiProcessorCount;
+    dc.smem_optin = p.sharedMemPerBlockOptin;
+    dc.pdl = p.major >= 9;
+    const char *f = getenv("WREN_CUDA_DECODE"); // as the backend: "f32gemv" checks the f32 kernels
+    dc.f32_gemv = f && strstr(f, "f32gemv");
+    decode_configure(&dc);
 }
 
 static int finish(const char *name) {

@@ -4,6 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <utility>
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -151,4 +153,38 @@ static __device__ __forceinline__ void dot_chunk(const uint4 (&w)[R], const floa
 // Bits of a device matrix as used by the templates: 4, 8, or 16 for bf16.
 static __host__ __device__ __forceinline__ int dmat_bits(enum wtype t, int bits) {
     return t == WT_BF16 ? 16 : bits;
+}
+
+// Programmatic dependent launch (Hopper and newer): a kernel launched with pdl_launch may start
+// while the previous kernel of the stream is still running. It must call pdl_wait() before it
+// reads anything an earlier kernel wrote, or writes anything an earlier kernel may still read;
+// work before that point may only touch constant data (weights, recurrent state of this layer).
+// pdl_trigger() lets the next kernel launch early. Both are no-ops before sm_90.
+static __device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, threads, smem, s>>>(args...), overlapping with the previous kernel when
+// pdl is set (the kernel must then follow the pdl_wait contract above).
+template <typename... P, typename... A>
+static cudaError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem,
+                              cudaStream_t s, bool pdl, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = threads;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
 }

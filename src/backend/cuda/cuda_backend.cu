@@ -703,7 +703,14 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         free(cb);
         return NULL;
     }
-    decode_set_sm_count(prop.multiProcessorCount, prop.sharedMemPerBlockOptin);
+    // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl" and/or "f32gemv"
+    const char *dflags = getenv("WREN_CUDA_DECODE");
+    struct decode_config dc;
+    dc.sm_count = prop.multiProcessorCount;
+    dc.smem_optin = prop.sharedMemPerBlockOptin;
+    dc.pdl = prop.major >= 9 && !(dflags && strstr(dflags, "nopdl"));
+    dc.f32_gemv = dflags && strstr(dflags, "f32gemv");
+    decode_configure(&dc);
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;
     if (K + 1 > GEMV_MAXSEG || c->n_experts > 2048) {

@@ -26,7 +26,8 @@ struct gemv_seg {
     const float *conv_w; // EPI_CONV: [rows][conv_k]
     float *conv_state;   // EPI_CONV: [rows][conv_k - 1], oldest first
     int conv_k;
-    int block0; // filled by gemv_launch
+    int block0; // filled by gemv_launch (f32-activation kernel)
+    int rs0;    // filled by gemv_launch (int8 kernel): first row set
 };
 
 struct gemv_params {
@@ -49,11 +50,26 @@ struct gemv_params {
     int *ids;
     float *wts;
     unsigned *counter; // zero between launches (the finisher resets it)
+    int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
 };
 
+// Runs the int8-activation dp4a kernel (decode_qgemv.cu) when qgemv_eligible, else the
+// f32-activation kernel (bf16 weights, mixed formats, very wide inputs).
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
-// Device properties the launchers size their grids with (set once by the backend).
-void decode_set_sm_count(int sm_count, size_t smem_optin);
+bool qgemv_eligible(const struct gemv_params *p);
+int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
+
+// Decode kernel selection, set once by the backend from the device (and for benchmarks).
+struct decode_config {
+    int sm_count;
+    size_t smem_optin;
+    bool pdl;         // programmatic dependent launch between the step's kernels (sm_90+)
+    bool f32_gemv;    // force the f32-activation GEMV/MoE-down kernels (comparison runs)
+};
+void decode_configure(const struct decode_config *c);
+bool decode_f32_gemv(void);
+void qgemv_configure(int sm_count, bool pdl);
+bool qgemv_pdl(void);
 void attn_set_sm_count(int sm_count);
 
 // ---- MoE: down projections of the routed experts + shared expert, weighted sum into x ----------
@@ -66,8 +82,11 @@ struct moe_down_params {
     int inter, sh_inter;
     float *out; // [hidden], += result
     int hidden;
+    int q_cshift, q_gshift, q_nit; // filled by qdown_launch
 };
 int moe_down_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e);
+bool qdown_eligible(const struct moe_down_params *p);
+int qdown_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e);
 
 // ---- Gated DeltaNet recurrent step (one token), after the fused conv in the projection ---------
 struct deltanet_params {

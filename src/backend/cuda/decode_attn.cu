@@ -11,6 +11,7 @@ static int g_att_sms = 132;
 
 int attn_splits(int n_kv) {
     // several blocks per SM at long contexts: each block streams its slice with few loads in flight
+    // (at most 1024: the combine keeps one weight per split in shared memory)
     int s = 4 * g_att_sms / (n_kv > 0 ? n_kv : 1);
     return s < 1 ? 1 : s > 1024 ? 1024 : s;
 }
@@ -220,26 +221,56 @@ __global__ void __launch_bounds__(ATT_THREADS)
 }
 
 // One block per query head, one thread per dim: merges the splits and applies the output gate.
+// Only the splits the current length reaches are read; their weights exp(m_s - M) are computed
+// once into shared memory, so the per-dim sums are independent loads rather than a dependent
+// chain per split.
 __global__ void attn_combine_kernel(const __grid_constant__ struct attn_params p) {
-    const int h = blockIdx.x, d = threadIdx.x, hd = p.hd;
-    if (d >= hd) return;
+    __shared__ float wsh[1024], lsh[1024], red[32];
+    pdl_trigger();
+    const int h = blockIdx.x, tid = threadIdx.x, hd = p.hd, lane = tid & 31, warp = tid >> 5;
+    const int nw = blockDim.x >> 5;
+    const int L = *p.pos + 1;
+    int chunk = (L + p.splits - 1) / p.splits;
+    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int nact = min(p.splits, (L + chunk - 1) / chunk);
+    const size_t stride = (size_t)p.n_heads * (hd + 2);
+    const float *ph = p.part + (size_t)h * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = tid; s < nact; s += blockDim.x) {
+        const float m = ph[s * stride + hd], l = ph[s * stride + hd + 1];
+        wsh[s] = l > 0.f ? m : -INFINITY;
+        lsh[s] = l;
+        mx = fmaxf(mx, wsh[s]);
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
     float M = -INFINITY;
-    for (int s = 0; s < p.splits; s++) {
-        const float *pt = p.part + ((size_t)s * p.n_heads + h) * (hd + 2);
-        if (pt[hd + 1] > 0.f) M = fmaxf(M, pt[hd]);
+    for (int w = 0; w < nw; w++) M = fmaxf(M, red[w]);
+    __syncthreads();
+    float den = 0.f;
+    for (int s = tid; s < nact; s += blockDim.x) {
+        const float w = lsh[s] > 0.f ? __expf(wsh[s] - M) : 0.f;
+        wsh[s] = w;
+        den += w * lsh[s];
     }
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < p.splits; s++) {
-        const float *pt = p.part + ((size_t)s * p.n_heads + h) * (hd + 2);
-        float l = pt[hd + 1];
-        if (!(l > 0.f)) continue;
-        float w = __expf(pt[hd] - M);
-        num += w * pt[d];
-        den += w * l;
-    }
-    float o = num / den;
-    if (p.gate) o *= sigmoid_f(p.qg[(size_t)h * hd * 2 + hd + d]);
-    p.out[(size_t)h * hd + d] = o;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) red[warp] = den;
+    __syncthreads();
+    den = 0.f;
+    for (int w = 0; w < nw; w++) den += red[w];
+    if (tid >= hd) return;
+    float num[4] = {0.f, 0.f, 0.f, 0.f};
+    int s = 0;
+    for (; s + 4 <= nact; s += 4)
+#pragma unroll
+        for (int j = 0; j < 4; j++) num[j] += wsh[s + j] * ph[(s + j) * stride + tid];
+    for (; s < nact; s++) num[0] += wsh[s] * ph[s * stride + tid];
+    float o = (num[0] + num[1] + num[2] + num[3]) / den;
+    if (p.gate) o *= sigmoid_f(p.qg[(size_t)h * hd * 2 + hd + tid]);
+    p.out[(size_t)h * hd + tid] = o;
 }
 
 template <int HD>
@@ -273,6 +304,8 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
         return wren_errf(e, "attention: %d heads over %d KV heads", p->n_heads, p->n_kv);
     if (p->rope_dim % 2 || p->rope_dim > p->hd)
         return wren_errf(e, "attention: bad rope_dim %d", p->rope_dim);
+    if (p->splits < 1 || p->splits > 1024)
+        return wren_errf(e, "attention: %d split-KV blocks (1..1024)", p->splits);
     const int G = p->n_heads / p->n_kv;
     int thr = (p->hd + 31) / 32 * 32;
     attn_prep_kernel<<<p->n_heads + p->n_kv, thr, p->hd * sizeof(float), s>>>(*p);

@@ -24,13 +24,17 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     const bool colok = col < dv;
     float *Sh = p.S + (size_t)h * dk * dv;
     float S[RPW];
+    pdl_trigger();
+    // the state is this layer's own (last written a token ago): load it while the projection
+    // that feeds q/k/v is still finishing, then wait for it
 #pragma unroll
     for (int i = 0; i < RPW; i++) S[i] = colok ? Sh[(size_t)(warp * RPW + i) * dv + col] : 0.f;
+    pdl_wait();
     for (int i = tid; i < dk; i += blockDim.x) {
-        q[i] = p.qkv[kh * dk + i];
-        k[i] = p.qkv[qk + kh * dk + i];
+        q[i] = __ldcg(p.qkv + kh * dk + i);
+        k[i] = __ldcg(p.qkv + qk + kh * dk + i);
     }
-    const float vv = colok ? p.qkv[2 * qk + h * dv + col] : 0.f;
+    const float vv = colok ? __ldcg(p.qkv + 2 * qk + h * dv + col) : 0.f;
     __syncthreads();
     float sq = 0.f, sk = 0.f;
     for (int i = tid; i < dk; i += blockDim.x) sq += q[i] * q[i], sk += k[i] * k[i];
@@ -45,8 +49,8 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
 #pragma unroll
     for (int w = 0; w < DN_WARPS; w++) sq += red[0][w], sk += red[1][w];
     const float qs = rsqrtf(sq + 1e-6f) * rsqrtf((float)dk), ks = rsqrtf(sk + 1e-6f);
-    const float beta = sigmoid_f(p.b[h]);
-    const float ax = p.a[h] + p.dt_bias[h];
+    const float beta = sigmoid_f(__ldcg(p.b + h));
+    const float ax = __ldcg(p.a + h) + p.dt_bias[h];
     const float sp = ax > 20.f ? ax : log1pf(__expf(ax));
     const float g = __expf(-__expf(p.A_log[h]) * sp);
     float kr[RPW], qr[RPW];
@@ -114,7 +118,6 @@ int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren
         return wren_errf(e, "deltanet: d_k %d is not 8, 16, 32, 64, 128 or 256", p->dk);
     }
     dim3 grid(p->v_heads, (p->dv + 31) / 32);
-    k<<<grid, DN_WARPS * 32, 0, s>>>(*p);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(pdl_launch(k, grid, dim3(DN_WARPS * 32), 0, s, qgemv_pdl(), *p));
     return 0;
 }

@@ -3,15 +3,21 @@
 // RMS-normalised on the fly) sits in padded shared memory and is reused by the R rows a thread
 // computes at once. TPR threads share a row group (split over the row's chunks) so that small
 // matrices still put enough loads in flight. Epilogues fold the consumer's elementwise work in.
-#include "backend/cuda/decode.cuh"
+#include "backend/cuda/gemv_dev.cuh"
 
 static int g_sm_count = 132;
 static size_t g_smem_optin = 48 * 1024;
+static bool g_f32_gemv;
 
-void decode_set_sm_count(int sm_count, size_t smem_optin) {
-    g_sm_count = sm_count;
-    g_smem_optin = smem_optin;
-    attn_set_sm_count(sm_count);
+void decode_configure(const struct decode_config *c) {
+    g_sm_count = c->sm_count;
+    g_smem_optin = c->smem_optin;
+    g_f32_gemv = c->f32_gemv;
+    attn_set_sm_count(c->sm_count);
+    qgemv_configure(c->sm_count, c->pdl);
+}
+bool decode_f32_gemv(void) {
+    return g_f32_gemv;
 }
 
 #define GEMV_THREADS 256
@@ -23,20 +29,6 @@ void decode_set_sm_count(int sm_count, size_t smem_optin) {
 #ifndef GEMV_MIN_BLOCKS
 #define GEMV_MIN_BLOCKS 3
 #endif
-
-// Block-wide sum of one float (all threads get it). red: >= 32 floats of shared memory.
-static __device__ __forceinline__ float block_sum(float v, float *red) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (l == 0) red[w] = v;
-    __syncthreads();
-    v = l < nw ? red[l] : 0.f;
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Loads x into padded shared memory: plain, RMS-normalised (norm_w), or gated-RMS-normalised per
 // head (gn_w; hs: one float per head of scratch).
@@ -167,84 +159,12 @@ static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, co
     for (int i = 0; i < R; i++) {
         int r = row0 + i;
         if (i >= per || t != i || r >= sg.rows) continue;
-        float y = acc[i];
-        switch (sg.epi) {
-        case EPI_STORE:
-            sg.out[r] = y;
-            break;
-        case EPI_ADD:
-            sg.out[r] += y;
-            break;
-        case EPI_CONV: {
-            const int K = sg.conv_k;
-            const float *cw = sg.conv_w + (size_t)r * K;
-            float *st = sg.conv_state + (size_t)r * (K - 1);
-            float o = cw[K - 1] * y;
-            for (int j = 0; j < K - 1; j++) o += cw[j] * st[j];
-            for (int j = 0; j + 1 < K - 1; j++) st[j] = st[j + 1];
-            if (K > 1) st[K - 2] = y;
-            sg.out[r] = silu_f(o);
-            break;
-        }
-        case EPI_SWIGLU: {
-            float sc = sg.scale ? sg.scale[sg.slot] : 1.f;
-            // acc[i + R/2] is the up row; thread i holds every total after the reduction
-            float u = 0.f;
+        // acc[i + R/2] is the up row of a SWIGLU pair; thread i holds every total
+        float u = 0.f;
 #pragma unroll
-            for (int k = 0; k < R; k++)
-                if (k == i + R / 2) u = acc[k];
-            sg.out[r] = sc * silu_f(y) * u;
-            break;
-        }
-        }
-    }
-}
-
-// Router finisher (one warp): softmax over E logits, top-K (ties: lower id first), optional
-// renormalisation, the shared expert's sigmoid gate.
-static __device__ void topk_finish(const struct gemv_params &p) {
-    __shared__ float prob[2048];
-    if (threadIdx.x >= 32) return;
-    const int E = p.topk_E, lane = threadIdx.x;
-    float mx = -INFINITY;
-    for (int i = lane; i < E; i += 32) mx = fmaxf(mx, __ldcg(p.logits + i));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.f;
-    for (int i = lane; i < E; i += 32) {
-        float v = __expf(__ldcg(p.logits + i) - mx);
-        prob[i] = v;
-        sum += v;
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    __syncwarp();
-    float wsum = 0.f, myw = 0.f;
-    for (int k = 0; k < p.topk_K; k++) {
-        float bv = -2.f;
-        int bi = 0x7fffffff;
-        for (int i = lane; i < E; i += 32) {
-            float v = prob[i];
-            if (v > bv) bv = v, bi = i; // ascending i: the first max is the lowest id
-        }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-        }
-        if (lane == k) myw = bv / sum;
-        wsum += bv / sum;
-        if (lane == 0) {
-            p.ids[k] = bi;
-            prob[bi] = -1.f;
-        }
-        __syncwarp();
-    }
-    if (lane < p.topk_K) p.wts[lane] = p.norm_topk ? myw / wsum : myw;
-    if (lane == 0) {
-        p.wts[p.topk_K] = p.has_shared_gate ? sigmoid_f(__ldcg(p.logits + E)) : 1.f;
-        *p.counter = 0;
+        for (int k = 0; k < R; k++)
+            if (k == i + R / 2) u = acc[k];
+        gemv_epilogue(sg, r, acc[i], u);
     }
 }
 
@@ -253,7 +173,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
     gemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ float xs[];
     __shared__ float red[GEMV_THREADS / 32 * 4];
-    __shared__ int last;
     load_x(xs, xs + xpad_len(p.cols), p, red);
     int s = 0;
     while (s + 1 < p.nseg && (int)blockIdx.x >= p.seg[s + 1].block0) s++;
@@ -275,21 +194,17 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
         else
             seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
     }
-    if (p.topk_K > 0) {
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (last) {
-            __threadfence();
-            topk_finish(p);
-        }
-    }
+    if (p.topk_K > 0) topk_if_last(p);
 }
 
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     if (p->nseg < 1 || p->nseg > GEMV_MAXSEG)
         return wren_errf(e, "gemv: bad segment count %d", p->nseg);
+    for (int i = 0; i < p->nseg; i++)
+        if (p->seg[i].a.cols != p->cols)
+            return wren_errf(e, "gemv: matrix of %d columns cannot read an input of %d",
+                             p->seg[i].a.cols, p->cols);
+    if (!g_f32_gemv && qgemv_eligible(p)) return qgemv_launch(p, s, e);
     int cmax = 0;
     long groups_total = 0;
     for (int i = 0; i < p->nseg; i++) {

@@ -3,6 +3,7 @@
 #include "backend/cuda/decode.cuh"
 
 __global__ void embed_kernel(const struct dmat m, const int32_t *tok, float *x) {
+    pdl_trigger();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= m.cols) return;
     int r = *tok;

@@ -145,6 +145,7 @@ int moe_down_launch(const struct moe_down_params *p, cudaStream_t s, struct wren
     if ((p->K && p->inter % 32) || p->sh_inter % 32)
         return wren_errf(e, "moe: expert sizes must be multiples of 32 (got %d, %d)", p->inter,
                          p->sh_inter);
+    if (!decode_f32_gemv() && qdown_eligible(p)) return qdown_launch(p, s, e);
     const int bits = p->K ? dmat_bits(p->down.type, p->down.bits) : 4;
     // chunks per row across all slots decide how many threads share a row group
     int chunks =

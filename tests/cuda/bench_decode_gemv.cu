@@ -1,0 +1,289 @@
+// Decode GEMV speed on Qwen3.6-35B-A3B's shapes (random 4-bit group-64 weights, 8-bit router):
+// each launch kind replayed 20 times in a CUDA graph, then one layer's chain (DeltaNet
+// projections, MoE) x 40, per kernel mode: int8-activation kernels with and without programmatic
+// dependent launch, and the f32-activation kernels. Prints us per launch and GB/s of weights read.
+// usage: bench_decode_gemv [REPS]     bench_decode_gemv once   (each kind launched once, for ncu)
+#include "common_check.cuh"
+
+namespace {
+
+__global__ void fill_words(uint32_t *w, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        w[i] = x;
+    }
+}
+__global__ void fill_u16(uint16_t *p, size_t n, uint16_t v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+__global__ void fill_f(float *p, size_t n, float v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v * (float)((i * 37) % 101) / 101.f - v / 2;
+}
+
+uint32_t g_seed = 1;
+
+// A stack of n random matrices [rows][cols] in MLX affine layout, group 64.
+struct dmat rand_mat(int n, int rows, int cols, int bits) {
+    struct dmat m;
+    memset(&m, 0, sizeof m);
+    m.type = bits == 8 ? WT_Q8 : WT_Q4;
+    m.n = n, m.rows = rows, m.cols = cols, m.bits = bits, m.group = 64;
+    m.row_stride = (size_t)cols * bits / 8;
+    m.mat_stride = m.row_stride * rows;
+    m.sb_row_stride = (size_t)cols / 64 * 2;
+    m.sb_mat_stride = m.sb_row_stride * rows;
+    uint8_t *d, *s, *b;
+    CK(cudaMalloc(&d, m.mat_stride * n));
+    CK(cudaMalloc(&s, m.sb_mat_stride * n));
+    CK(cudaMalloc(&b, m.sb_mat_stride * n));
+    fill_words<<<1024, 256>>>((uint32_t *)d, m.mat_stride * n / 4, g_seed++);
+    fill_u16<<<1024, 256>>>((uint16_t *)s, m.sb_mat_stride * n / 2, 0x3C00); // 2^-7
+    fill_u16<<<1024, 256>>>((uint16_t *)b, m.sb_mat_stride * n / 2, 0xBD80); // -1/16
+    CK(cudaGetLastError());
+    m.data = d, m.scales = s, m.biases = b;
+    return m;
+}
+double mat_bytes(const struct dmat &m, int n_used) {
+    return (double)(m.mat_stride + 2 * m.sb_mat_stride) * n_used;
+}
+float *dev_f(size_t n, float v) {
+    float *p;
+    CK(cudaMalloc(&p, n * sizeof(float)));
+    fill_f<<<256, 256>>>(p, n, v);
+    CK(cudaGetLastError());
+    return p;
+}
+
+struct gemv_seg seg(const struct dmat &m, int epi, float *out) {
+    struct gemv_seg g;
+    memset(&g, 0, sizeof g);
+    g.a = m, g.rows = m.rows, g.epi = epi, g.out = out;
+    return g;
+}
+
+struct shapes {
+    gemv_params in_proj, out_proj, qkv, o_proj, router, gate_up, lm_head;
+    moe_down_params down;
+    double b_in, b_out, b_qkv, b_o, b_router, b_gu, b_down, b_lm;
+};
+
+shapes make_shapes() {
+    const int H = 2048, E = 256, K = 8, I = 512;
+    shapes s;
+    memset(&s, 0, sizeof s);
+    float *x = dev_f(H, 2.f), *nw = dev_f(H, 1.f), *big = dev_f(1 << 20, 1.f);
+    float *y = dev_f(4096, 1.f), *z = dev_f(4096, 1.f), *gnw = dev_f(128, 1.f);
+    float *out = dev_f(300000, 0.f), *conv_w = dev_f(8192 * 4, 0.5f),
+          *conv_s = dev_f(8192 * 3, 1.f);
+    float *act = dev_f((K + 1) * I, 1.f), *wts = dev_f(K + 1, 0.2f);
+    (void)big;
+    struct dmat qkvm = rand_mat(1, 8192, H, 4), zm = rand_mat(1, 4096, H, 4),
+                bm = rand_mat(1, 32, H, 4), am = rand_mat(1, 32, H, 4),
+                outm = rand_mat(1, H, 4096, 4), qm = rand_mat(1, 8192, H, 4),
+                km = rand_mat(1, 512, H, 4), vm = rand_mat(1, 512, H, 4),
+                om = rand_mat(1, H, 4096, 4), rm = rand_mat(1, E, H, 8), sgm = rand_mat(1, 1, H, 8),
+                gm = rand_mat(E, I, H, 4), um = rand_mat(E, I, H, 4), dm = rand_mat(E, H, I, 4),
+                shg = rand_mat(1, I, H, 4), shu = rand_mat(1, I, H, 4), shd = rand_mat(1, H, I, 4),
+                lm = rand_mat(1, 248320, H, 4);
+    int hid[K] = {3, 41, 77, 100, 150, 199, 201, 255}, *ids;
+    CK(cudaMalloc(&ids, (K + 1) * sizeof(int)));
+    CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
+    unsigned *counter;
+    CK(cudaMalloc(&counter, 4));
+    CK(cudaMemset(counter, 0, 4));
+    float *rlog = dev_f(E + 1, 0.f), *wts_r = dev_f(K + 1, 0.f);
+    int *ids_r;
+    CK(cudaMalloc(&ids_r, (K + 1) * sizeof(int)));
+
+    gemv_params *p = &s.in_proj;
+    p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
+    p->seg[0] = seg(qkvm, EPI_CONV, out);
+    p->seg[0].conv_w = conv_w, p->seg[0].conv_state = conv_s, p->seg[0].conv_k = 4;
+    p->seg[1] = seg(zm, EPI_STORE, out + 8192);
+    p->seg[2] = seg(bm, EPI_STORE, out + 12288);
+    p->seg[3] = seg(am, EPI_STORE, out + 12320);
+    p->nseg = 4;
+    s.b_in = mat_bytes(qkvm, 1) + mat_bytes(zm, 1) + mat_bytes(bm, 1) + mat_bytes(am, 1);
+
+    p = &s.out_proj;
+    p->x = y, p->cols = 4096, p->gn_w = gnw, p->gn_z = z, p->gn_dv = 128, p->eps = 1e-6f;
+    p->seg[0] = seg(outm, EPI_ADD, out + 20000);
+    p->nseg = 1;
+    s.b_out = mat_bytes(outm, 1);
+
+    p = &s.qkv;
+    p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
+    p->seg[0] = seg(qm, EPI_STORE, out);
+    p->seg[1] = seg(km, EPI_STORE, out + 8192);
+    p->seg[2] = seg(vm, EPI_STORE, out + 8704);
+    p->nseg = 3;
+    s.b_qkv = mat_bytes(qm, 1) + mat_bytes(km, 1) + mat_bytes(vm, 1);
+
+    p = &s.o_proj;
+    p->x = y, p->cols = 4096;
+    p->seg[0] = seg(om, EPI_ADD, out + 20000);
+    p->nseg = 1;
+    s.b_o = mat_bytes(om, 1);
+
+    p = &s.router;
+    p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
+    p->seg[0] = seg(rm, EPI_STORE, rlog);
+    p->seg[1] = seg(sgm, EPI_STORE, rlog + E);
+    p->nseg = 2;
+    p->topk_E = E, p->topk_K = K, p->norm_topk = 1, p->has_shared_gate = 1;
+    p->logits = rlog, p->ids = ids_r, p->wts = wts_r, p->counter = counter;
+    s.b_router = mat_bytes(rm, 1) + mat_bytes(sgm, 1);
+
+    p = &s.gate_up;
+    p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
+    for (int k = 0; k < K; k++) {
+        struct gemv_seg g = seg(gm, EPI_SWIGLU, act + k * I);
+        g.b = um, g.idx = ids, g.slot = k, g.scale = wts;
+        p->seg[p->nseg++] = g;
+    }
+    struct gemv_seg g = seg(shg, EPI_SWIGLU, act + K * I);
+    g.b = shu, g.slot = K, g.scale = wts;
+    p->seg[p->nseg++] = g;
+    s.b_gu = (mat_bytes(gm, K) + mat_bytes(um, K)) / E + mat_bytes(shg, 1) + mat_bytes(shu, 1);
+
+    moe_down_params *d = &s.down;
+    d->down = dm, d->sh_down = shd, d->ids = ids, d->K = K, d->act = act, d->inter = I,
+    d->sh_inter = I, d->out = out + 30000, d->hidden = H;
+    s.b_down = mat_bytes(dm, K) / E + mat_bytes(shd, 1);
+
+    p = &s.lm_head;
+    p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
+    p->seg[0] = seg(lm, EPI_STORE, out);
+    p->nseg = 1;
+    s.b_lm = mat_bytes(lm, 1);
+    CK(cudaDeviceSynchronize());
+    return s;
+}
+
+struct wren_err g_err;
+
+// Times `reps` replays of a graph holding n copies of the launch sequence f; returns us per copy.
+template <class F> double time_graph(cudaStream_t st, int n, int reps, F f) {
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < n; i++)
+        if (f(st)) {
+            fprintf(stderr, "launch failed: %s\n", g_err.msg);
+            exit(1);
+        }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&x, g, 0));
+    for (int i = 0; i < 2; i++) CK(cudaGraphLaunch(x, st));
+    CK(cudaStreamSynchronize(st));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventRecord(a, st));
+    for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(x, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    return ms * 1e3 / reps / n;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    init_device();
+    const bool once = argc > 1 && !strcmp(argv[1], "once");
+    const int reps = argc > 1 && !once ? atoi(argv[1]) : 20;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    shapes s = make_shapes();
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    if (once) {
+        gemv_params *ps[] = {&s.in_proj, &s.out_proj, &s.qkv,     &s.o_proj,
+                             &s.router,  &s.gate_up,  &s.lm_head};
+        for (gemv_params *p : ps) {
+            gemv_params q = *p;
+            WK(gemv_launch(&q, st, &err_));
+        }
+        WK(moe_down_launch(&s.down, st, &err_));
+        CK(cudaStreamSynchronize(st));
+        return 0;
+    }
+    struct {
+        const char *name;
+        bool pdl, f32;
+    } modes[] = {{"int8+pdl", true, false}, {"int8", false, false}, {"f32", false, true}};
+    struct kind {
+        const char *name;
+        gemv_params *p;
+        double bytes;
+    } kinds[] = {{"dn in_proj 12352x2048 conv", &s.in_proj, s.b_in},
+                 {"dn out_proj 2048x4096 gated", &s.out_proj, s.b_out},
+                 {"attn qkv 9216x2048", &s.qkv, s.b_qkv},
+                 {"attn o_proj 2048x4096", &s.o_proj, s.b_o},
+                 {"router 257x2048 q8 + top-8", &s.router, s.b_router},
+                 {"moe gate/up 8+1 experts", &s.gate_up, s.b_gu},
+                 {"lm_head 248320x2048", &s.lm_head, s.b_lm}};
+    printf("%-30s", "kernel (us / GB/s)");
+    for (auto &m : modes) printf(" %18s", m.name);
+    printf("\n");
+    for (auto &k : kinds) {
+        printf("%-30s", k.name);
+        for (auto &m : modes) {
+            struct decode_config dc = {prop.multiProcessorCount, prop.sharedMemPerBlockOptin,
+                                       m.pdl && prop.major >= 9, m.f32};
+            decode_configure(&dc);
+            gemv_params *p = k.p;
+            double us = time_graph(st, 20, reps, [&](cudaStream_t t) {
+                gemv_params q = *p;
+                return gemv_launch(&q, t, &g_err);
+            });
+            printf(" %8.2f %7.0f  ", us, k.bytes / us / 1e3);
+        }
+        printf("\n");
+    }
+    printf("%-30s", "moe down 8+1 experts");
+    for (auto &m : modes) {
+        struct decode_config dc = {prop.multiProcessorCount, prop.sharedMemPerBlockOptin,
+                                   m.pdl && prop.major >= 9, m.f32};
+        decode_configure(&dc);
+        double us = time_graph(st, 20, reps,
+                               [&](cudaStream_t t) { return moe_down_launch(&s.down, t, &g_err); });
+        printf(" %8.2f %7.0f  ", us, s.b_down / us / 1e3);
+    }
+    printf("\n");
+    // one DeltaNet layer's GEMVs + MoE (no recurrent step): the chain a token runs 30 times
+    const double lb = s.b_in + s.b_out + s.b_router + s.b_gu + s.b_down;
+    printf("%-30s", "layer chain (5 launches)");
+    for (auto &m : modes) {
+        struct decode_config dc = {prop.multiProcessorCount, prop.sharedMemPerBlockOptin,
+                                   m.pdl && prop.major >= 9, m.f32};
+        decode_configure(&dc);
+        double us = time_graph(st, 40, reps, [&](cudaStream_t t) {
+            gemv_params q;
+            q = s.in_proj;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            q = s.out_proj;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            q = s.router;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            q = s.gate_up;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            return moe_down_launch(&s.down, t, &g_err);
+        });
+        printf(" %8.2f %7.0f  ", us, lb / us / 1e3);
+    }
+    printf("\n");
+    return 0;
+}
