@@ -35,11 +35,11 @@ t0=$(date +%s)
 echo "synthesized in $(( $(date +%s) - t0 )) s"
 timeout 300 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 --decode "$ctxs" \
   --json "$out/bench_decode.json" 2>&1 | grep -v "^load"
-for mode in nopdl f32gemv; do
+for mode in ${MODES:-nopdl f32gemv}; do
   echo "-- WREN_CUDA_DECODE=$mode"
   WREN_CUDA_DECODE=$mode timeout 120 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 \
     --decode 4096 2>&1 | tail -2
 done
 echo "== decode breakdown (non-graph step, events per launcher)"
-timeout 120 ./cuda_checks/check_decode_speed /dev/shm/m 4096 64 2>&1 | tail -25
+timeout 180 ./cuda_checks/check_decode_speed /dev/shm/m ${BREAKDOWN:-4096} 64 2>&1 | tail -25
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,memory.used --format=csv,noheader

@@ -51,6 +51,7 @@ struct dmat rand_mat(int n, int rows, int cols, int bits) {
     m.data = d, m.scales = s, m.biases = b;
     return m;
 }
+// bytes of n_used matrices of the stack (data, scales, biases)
 double mat_bytes(const struct dmat &m, int n_used) {
     return (double)(m.mat_stride + 2 * m.sb_mat_stride) * n_used;
 }
@@ -152,12 +153,12 @@ shapes make_shapes() {
     struct gemv_seg g = seg(shg, EPI_SWIGLU, act + K * I);
     g.b = shu, g.slot = K, g.scale = wts;
     p->seg[p->nseg++] = g;
-    s.b_gu = (mat_bytes(gm, K) + mat_bytes(um, K)) / E + mat_bytes(shg, 1) + mat_bytes(shu, 1);
+    s.b_gu = mat_bytes(gm, K) + mat_bytes(um, K) + mat_bytes(shg, 1) + mat_bytes(shu, 1);
 
     moe_down_params *d = &s.down;
     d->down = dm, d->sh_down = shd, d->ids = ids, d->K = K, d->act = act, d->inter = I,
     d->sh_inter = I, d->out = out + 30000, d->hidden = H;
-    s.b_down = mat_bytes(dm, K) / E + mat_bytes(shd, 1);
+    s.b_down = mat_bytes(dm, K) + mat_bytes(shd, 1);
 
     p = &s.lm_head;
     p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;

@@ -70,7 +70,7 @@ void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);
 void qgemv_configure(int sm_count, bool pdl);
 bool qgemv_pdl(void);
-void attn_set_sm_count(int sm_count);
+void attn_set_device(int sm_count, size_t smem_optin);
 
 // ---- MoE: down projections of the routed experts + shared expert, weighted sum into x ----------
 struct moe_down_params {

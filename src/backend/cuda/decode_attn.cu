@@ -3,11 +3,13 @@
 // the KV head sharing every K/V load), then the combine with the sigmoid output gate. The context
 // length is read from device memory, so one captured graph serves every position.
 #include "backend/cuda/decode.cuh"
+#include "backend/cuda/mma.cuh"
 
 #define ATT_THREADS 256
 #define ATT_TILE    64
 
 static int g_att_sms = 132;
+static size_t g_att_smem = 48 * 1024; // opt-in shared memory per block
 
 int attn_splits(int n_kv) {
     // several blocks per SM at long contexts: each block streams its slice with few loads in flight
@@ -20,6 +22,8 @@ int attn_splits(int n_kv) {
 __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
+    pdl_trigger();
+    pdl_wait();
     const int hd = p.hd, d = threadIdx.x, pos = *p.pos;
     const bool isq = (int)blockIdx.x < p.n_heads;
     const int h = isq ? blockIdx.x : blockIdx.x - p.n_heads;
@@ -87,6 +91,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ __align__(16) float obuf[G][HD];
     const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, warp = tid >> 5,
               lane = tid & 31;
+    pdl_trigger();
+    pdl_wait();
     const int L = *p.pos + 1;
     int chunk = (L + p.splits - 1) / p.splits;
     chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
@@ -220,6 +226,208 @@ __global__ void __launch_bounds__(ATT_THREADS)
                                       part[(size_t)tid * (HD + 2) + HD + 1] = l_run[tid];
 }
 
+// Split-KV decode attention on tensor cores for head_dim 256 with 8 or 16 query heads per KV
+// head (Qwen3.5/3.6: 16): the G heads of a KV head are the rows of one m16n8k16 tile, so Q K^T
+// and P V are bf16 mma's with f32 accumulation; the FMA kernel above would do 16 multiply-adds
+// per K or V element loaded and be compute-bound at long contexts. Q is split into two bf16 parts
+// (hi + lo) so the scores keep ~16 mantissa bits, as the f32 kernel; P is bf16 (as in prefill).
+// Block = (KV head, context slice) with MW warps; each warp streams its own tiles of 16 keys
+// (K and V rows cp.async'd into a private buffer of NS stages), keeps its own online softmax and
+// output [16 x 256] in registers, and the warps are merged at the end into the slice's partial.
+#define AM_HD 256
+#define AM_KT 16 // keys per warp tile
+#define AM_NW 4  // warps per block
+
+static __device__ __forceinline__ int amswz(int r, int c) { // chunk c (8 bf16) of row r
+    return r * AM_HD + ((c ^ (r & 7)) << 3);
+}
+// Q (hi, lo) then the warps' K/V stages, which the final merge reuses for (o, m, l) per warp.
+static __host__ __device__ constexpr size_t am_smem(int ns) {
+    return (size_t)2 * 16 * AM_HD * 2 +
+           ((size_t)AM_NW * ns * 2 * AM_KT * AM_HD * 2 > (size_t)AM_NW * 16 * (AM_HD + 2) * 4
+                ? (size_t)AM_NW * ns * 2 * AM_KT * AM_HD * 2
+                : (size_t)AM_NW * 16 * (AM_HD + 2) * 4);
+}
+
+template <int G, int NS>
+__global__ void __launch_bounds__(AM_NW * 32)
+    attn_split_mma_kernel(const __grid_constant__ struct attn_params p) {
+    extern __shared__ __align__(16) unsigned char am_sm[];
+    __nv_bfloat16 *Qh = reinterpret_cast<__nv_bfloat16 *>(am_sm), *Ql = Qh + 16 * AM_HD;
+    const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, lane = tid & 31,
+              warp = tid >> 5;
+    __nv_bfloat16 *kvw = Ql + 16 * AM_HD + (size_t)warp * NS * 2 * AM_KT * AM_HD;
+    pdl_trigger();
+    pdl_wait();
+    const int L = *p.pos + 1;
+    int chunk = (L + p.splits - 1) / p.splits;
+    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int start = sidx * chunk, end = min(L, start + chunk);
+    float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
+    if (start >= end) {
+        if (tid < G)
+            part[(size_t)tid * (AM_HD + 2) + AM_HD] = -INFINITY,
+                                             part[(size_t)tid * (AM_HD + 2) + AM_HD + 1] = 0.f;
+        return;
+    }
+    const int ntiles = (end - start + AM_KT - 1) / AM_KT;
+    const size_t rowst = (size_t)p.n_kv * AM_HD;
+    const __nv_bfloat16 *kc = reinterpret_cast<const __nv_bfloat16 *>(p.kc) + (size_t)kvh * AM_HD,
+                        *vc = reinterpret_cast<const __nv_bfloat16 *>(p.vc) + (size_t)kvh * AM_HD;
+    auto load_tile = [&](int stage, int j) {
+        __nv_bfloat16 *ks = kvw + (size_t)stage * 2 * AM_KT * AM_HD, *vs = ks + AM_KT * AM_HD;
+        for (int i = lane; i < AM_KT * (AM_HD / 8); i += 32) {
+            const int r = i / (AM_HD / 8), c = i % (AM_HD / 8), key = start + j * AM_KT + r;
+            const bool ok = key < end;
+            const size_t off = (size_t)(ok ? key : start) * rowst + c * 8;
+            cp_async16(ks + amswz(r, c), kc + off, ok);
+            cp_async16(vs + amswz(r, c), vc + off, ok);
+        }
+    };
+    if (warp < ntiles) load_tile(0, warp);
+    cp_async_commit();
+    // Q rows g < G as hi + lo bf16 parts; rows past G zero
+    for (int i = tid; i < 16 * (AM_HD / 8); i += AM_NW * 32) {
+        const int r = i / (AM_HD / 8), c = i % (AM_HD / 8);
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float a = 0.f, b = 0.f;
+            if (r < G) {
+                const float *q = p.q_ws + ((size_t)kvh * G + r) * AM_HD + c * 8 + 2 * k;
+                a = __ldcg(q), b = __ldcg(q + 1);
+            }
+            __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+            __nv_bfloat162 l = __floats2bfloat162_rn(a - __low2float(h), b - __high2float(h));
+            hi[k] = *reinterpret_cast<uint32_t *>(&h);
+            lo[k] = *reinterpret_cast<uint32_t *>(&l);
+        }
+        *reinterpret_cast<uint4 *>(Qh + amswz(r, c)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        *reinterpret_cast<uint4 *>(Ql + amswz(r, c)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+    __syncthreads();
+
+    float o[AM_HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < AM_HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const float sl2 = rsqrtf((float)AM_HD) * 1.4426950408889634f; // scores in base 2
+    int it = 0;
+    for (int j = warp; j < ntiles; j += AM_NW, it++) {
+        if (NS > 1 && j + AM_NW < ntiles) load_tile((it + 1) % NS, j + AM_NW);
+        cp_async_commit();
+        if (NS > 1)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
+        __syncwarp();
+        const __nv_bfloat16 *ks = kvw + (size_t)(it % NS) * 2 * AM_KT * AM_HD,
+                            *vs = ks + AM_KT * AM_HD;
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < AM_HD / 16; kk++) {
+            uint32_t ah[4], al[4], b[4];
+            ldmatrix_x4(ah, Qh + amswz(lane & 15, kk * 2 + (lane >> 4)));
+            ldmatrix_x4(al, Ql + amswz(lane & 15, kk * 2 + (lane >> 4)));
+            ldmatrix_x4(b, ks + amswz((lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+            mma_bf16(s[0], ah, b[0], b[1]);
+            mma_bf16(s[1], ah, b[2], b[3]);
+            mma_bf16(s[0], al, b[0], b[1]);
+            mma_bf16(s[1], al, b[2], b[3]);
+        }
+        // keys past the slice end masked; online softmax per row (lane >> 2, + 8)
+        const int kb = start + j * AM_KT;
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int key = kb + nt * 8 + (lane & 3) * 2 + (c & 1);
+                const float x = key < end ? s[nt][c] * sl2 : -INFINITY;
+                s[nt][c] = x;
+                mx[c >> 1] = fmaxf(mx[c >> 1], x);
+            }
+        float alpha[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 2));
+            alpha[r] = exp2f(m[r] - mx[r]); // first tile: exp2(-inf) = 0
+            m[r] = mx[r];
+        }
+        uint32_t pa[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            float pr[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                pr[c] = exp2f(s[nt][c] - m[c >> 1]);
+                rs[c >> 1] += pr[c];
+            }
+            __nv_bfloat162 x01 = __floats2bfloat162_rn(pr[0], pr[1]),
+                           x23 = __floats2bfloat162_rn(pr[2], pr[3]);
+            pa[nt * 2] = *reinterpret_cast<uint32_t *>(&x01);
+            pa[nt * 2 + 1] = *reinterpret_cast<uint32_t *>(&x23);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+#pragma unroll
+        for (int i = 0; i < AM_HD / 8; i++) {
+            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int np = 0; np < AM_HD / 16; np++) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b,
+                              vs + amswz((lane & 7) + ((lane >> 3) & 1) * 8, np * 2 + (lane >> 4)));
+            mma_bf16(o[2 * np], pa, b[0], b[1]);
+            mma_bf16(o[2 * np + 1], pa, b[2], b[3]);
+        }
+        __syncwarp(); // this stage is refilled NS tiles later
+        if (NS == 1 && j + AM_NW < ntiles) load_tile(0, j + AM_NW);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(~0u, l[r], 1);
+        l[r] += __shfl_xor_sync(~0u, l[r], 2);
+    }
+    // merge the warps: (m, l, o) of each into shared memory (reusing the K/V buffers)
+    cp_async_wait<0>();
+    __syncthreads();
+    float *wo = reinterpret_cast<float *>(Ql + 16 * AM_HD); // [AM_NW][16][AM_HD]
+    float *wm = wo + AM_NW * 16 * AM_HD, *wl = wm + AM_NW * 16;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = (lane >> 2) + r * 8;
+        if ((lane & 3) == 0) wm[warp * 16 + row] = m[r], wl[warp * 16 + row] = l[r];
+#pragma unroll
+        for (int nt = 0; nt < AM_HD / 8; nt++) {
+            const int d = nt * 8 + (lane & 3) * 2;
+            *reinterpret_cast<float2 *>(wo + ((size_t)warp * 16 + row) * AM_HD + d) =
+                make_float2(o[nt][r * 2], o[nt][r * 2 + 1]);
+        }
+    }
+    __syncthreads();
+    const float ln2 = 0.6931471805599453f;
+    for (int i = tid; i < G * AM_HD; i += AM_NW * 32) {
+        const int row = i / AM_HD, d = i % AM_HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < AM_NW; w++) M = fmaxf(M, wm[w * 16 + row]);
+        float acc = 0.f, den = 0.f;
+#pragma unroll
+        for (int w = 0; w < AM_NW; w++) {
+            const float sc = wl[w * 16 + row] > 0.f ? exp2f(wm[w * 16 + row] - M) : 0.f;
+            acc += sc * wo[((size_t)w * 16 + row) * AM_HD + d];
+            den += sc * wl[w * 16 + row];
+        }
+        float *pt = part + (size_t)row * (AM_HD + 2);
+        pt[d] = acc;
+        if (d == 0) pt[AM_HD] = M * ln2, pt[AM_HD + 1] = den; // the combine works in base e
+    }
+}
+
 // One block per query head, one thread per dim: merges the splits and applies the output gate.
 // Only the splits the current length reaches are read; their weights exp(m_s - M) are computed
 // once into shared memory, so the per-dim sums are independent loads rather than a dependent
@@ -227,6 +435,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 __global__ void attn_combine_kernel(const __grid_constant__ struct attn_params p) {
     __shared__ float wsh[1024], lsh[1024], red[32];
     pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, tid = threadIdx.x, hd = p.hd, lane = tid & 31, warp = tid >> 5;
     const int nw = blockDim.x >> 5;
     const int L = *p.pos + 1;
@@ -278,24 +487,48 @@ static int split_launch(const struct attn_params *p, int G, cudaStream_t s, stru
     dim3 grid(p->n_kv, p->splits);
     switch (G) {
     case 1:
-        attn_split_kernel<HD, 1><<<grid, ATT_THREADS, 0, s>>>(*p);
+        CUDA_CHECK(
+            pdl_launch(attn_split_kernel<HD, 1>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
         break;
     case 2:
-        attn_split_kernel<HD, 2><<<grid, ATT_THREADS, 0, s>>>(*p);
+        CUDA_CHECK(
+            pdl_launch(attn_split_kernel<HD, 2>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
         break;
     case 4:
-        attn_split_kernel<HD, 4><<<grid, ATT_THREADS, 0, s>>>(*p);
+        CUDA_CHECK(
+            pdl_launch(attn_split_kernel<HD, 4>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
         break;
     case 8:
-        attn_split_kernel<HD, 8><<<grid, ATT_THREADS, 0, s>>>(*p);
+        CUDA_CHECK(
+            pdl_launch(attn_split_kernel<HD, 8>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
         break;
     case 16:
-        attn_split_kernel<HD, 16><<<grid, ATT_THREADS, 0, s>>>(*p);
+        CUDA_CHECK(
+            pdl_launch(attn_split_kernel<HD, 16>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
         break;
     default:
         return wren_errf(e, "attention: %d query heads per KV head is not 1, 2, 4, 8 or 16", G);
     }
-    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+// Tensor-core path: two K/V stages per warp where the shared memory allows (136 KiB: one block
+// per SM on Hopper/Ampere datacenter parts), else one (72 KiB, consumer cards); one slice per
+// resident block, so the grid is a single wave.
+static int attn_mma_launch(struct attn_params *q, int G, cudaStream_t s, struct wren_err *e) {
+    const bool two = g_att_smem >= am_smem(2);
+    const size_t smem = am_smem(two ? 2 : 1);
+    if (smem > g_att_smem)
+        return wren_errf(e, "attention: %zu bytes of shared memory needed, %zu available", smem,
+                         g_att_smem);
+    void (*k)(const struct attn_params) =
+        G == 16 ? (two ? attn_split_mma_kernel<16, 2> : attn_split_mma_kernel<16, 1>)
+                : (two ? attn_split_mma_kernel<8, 2> : attn_split_mma_kernel<8, 1>);
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int per_sm = (int)(g_att_smem / smem) < 1 ? 1 : (int)(g_att_smem / smem);
+    const int sp = per_sm * g_att_sms / q->n_kv;
+    if (sp >= 1 && sp < q->splits) q->splits = sp;
+    CUDA_CHECK(pdl_launch(k, dim3(q->n_kv, q->splits), dim3(AM_NW * 32), smem, s, qgemv_pdl(), *q));
     return 0;
 }
 
@@ -308,28 +541,33 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
         return wren_errf(e, "attention: %d split-KV blocks (1..1024)", p->splits);
     const int G = p->n_heads / p->n_kv;
     int thr = (p->hd + 31) / 32 * 32;
-    attn_prep_kernel<<<p->n_heads + p->n_kv, thr, p->hd * sizeof(float), s>>>(*p);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(pdl_launch(attn_prep_kernel, dim3(p->n_heads + p->n_kv), dim3(thr),
+                          p->hd * sizeof(float), s, qgemv_pdl(), *p));
+    struct attn_params q = *p; // the tensor-core path may use fewer splits
     int rc;
-    switch (p->hd) {
-    case 64:
-        rc = split_launch<64>(p, G, s, e);
-        break;
-    case 128:
-        rc = split_launch<128>(p, G, s, e);
-        break;
-    case 256:
-        rc = split_launch<256>(p, G, s, e);
-        break;
-    default:
-        return wren_errf(e, "attention: head_dim %d is not 64, 128 or 256", p->hd);
+    if (p->hd == AM_HD && (G == 16 || G == 8)) {
+        rc = attn_mma_launch(&q, G, s, e);
+    } else {
+        switch (p->hd) {
+        case 64:
+            rc = split_launch<64>(p, G, s, e);
+            break;
+        case 128:
+            rc = split_launch<128>(p, G, s, e);
+            break;
+        case 256:
+            rc = split_launch<256>(p, G, s, e);
+            break;
+        default:
+            return wren_errf(e, "attention: head_dim %d is not 64, 128 or 256", p->hd);
+        }
     }
     if (rc) return rc;
-    attn_combine_kernel<<<p->n_heads, thr, 0, s>>>(*p);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(pdl_launch(attn_combine_kernel, dim3(p->n_heads), dim3(thr), 0, s, qgemv_pdl(), q));
     return 0;
 }
 
-void attn_set_sm_count(int sms) {
+void attn_set_device(int sms, size_t smem_optin) {
     g_att_sms = sms;
+    g_att_smem = smem_optin;
 }

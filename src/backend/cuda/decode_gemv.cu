@@ -13,7 +13,7 @@ void decode_configure(const struct decode_config *c) {
     g_sm_count = c->sm_count;
     g_smem_optin = c->smem_optin;
     g_f32_gemv = c->f32_gemv;
-    attn_set_sm_count(c->sm_count);
+    attn_set_device(c->sm_count, c->smem_optin);
     qgemv_configure(c->sm_count, c->pdl);
 }
 bool decode_f32_gemv(void) {

@@ -89,8 +89,22 @@ static __device__ __forceinline__ void ld8(float (&v)[8], const float *p, bool c
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+// The norm weights of this thread's units: constant, so loaded before the programmatic-launch wait.
+struct qx_w {
+    float w[QX_IT][8];
+};
+static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_w &nw) {
+    const int nu = in.cols >> 3, t = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < QX_IT; i++) {
+        const int u = t + i * QG_THREADS;
+        if (u < nu && in.norm_w) ld8(nw.w[i], in.norm_w + 8 * u, false);
+        if (u < nu && in.gn_w) ld8(nw.w[i], in.gn_w + (8 * u) % in.gn_dv, false);
+    }
+}
+
 template <int BITS>
-static __device__ void qx_build(const qx_src &in, const qx_smem &q, float *red) {
+static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem &q, float *red) {
     const int nu = in.cols >> 3, t = threadIdx.x;
     float v[QX_IT][8];
     float ss[QX_IT];
@@ -116,10 +130,8 @@ static __device__ void qx_build(const qx_src &in, const qx_smem &q, float *red) 
         for (int i = 0; i < QX_IT; i++) {
             const int u = t + i * QG_THREADS;
             if (u >= nu) continue;
-            float w[8];
-            ld8(w, in.norm_w + 8 * u, false);
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[i][j] *= scale * w[j];
+            for (int j = 0; j < 8; j++) v[i][j] *= scale * nw.w[i][j];
         }
     } else if (in.gn_w) {
         // a head is gn_dv / 8 consecutive lanes (a power of two <= 32, checked by the launcher)
@@ -130,11 +142,10 @@ static __device__ void qx_build(const qx_src &in, const qx_smem &q, float *red) 
             const int u = t + i * QG_THREADS;
             if (u >= nu) continue;
             const float r = rsqrtf(hs / (float)in.gn_dv + in.eps);
-            float w[8], z[8];
-            ld8(w, in.gn_w + (8 * u) % in.gn_dv, false);
+            float z[8];
             ld8(z, in.gn_z + 8 * u, true);
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[i][j] *= r * w[j] * silu_f(z[j]);
+            for (int j = 0; j < 8; j++) v[i][j] *= r * nw.w[i][j] * silu_f(z[j]);
         }
     }
 #pragma unroll
@@ -250,14 +261,14 @@ static __device__ __forceinline__ void warp_sum_rows(float (&acc)[QG_R]) {
 }
 
 // The pipelined step loop of one warp: steps (row set j, iteration it) for row sets gw, gw + W,
-// ...; load(stage, rs, it) fetches a step. A finished row set's totals are parked on one lane
-// (lane j keeps the j-th), and finish(rs, a, b) runs for up to 32 of them at once, so the
-// epilogues' own memory round trips (conv state, routing weight) overlap instead of queueing
-// behind each row set. `A` already holds the first step when preloaded is set.
+// ...; load(stage, rs, it) fetches a step (the first npre steps are already in A, B). A finished
+// row set's totals are parked on one lane (lane j keeps the j-th), and finish(rs, a, b) runs for up
+// to 32 of them at once, so the epilogues' own memory round trips (conv state, routing weight)
+// overlap instead of queueing behind each row set.
 template <int BITS, class Load, class Finish>
 static __device__ __forceinline__ void qrun(int nsteps, int nit, int C, int gw, int W,
-                                            const qx_smem &q, qstage &A, bool preloaded, Load load,
-                                            Finish finish) {
+                                            const qx_smem &q, qstage &A, qstage &B, int npre,
+                                            Load load, Finish finish) {
     if (nsteps <= 0) return;
     const int lane = threadIdx.x & 31;
     int npend = 0, p_rs = 0;
@@ -273,15 +284,14 @@ static __device__ __forceinline__ void qrun(int nsteps, int nit, int C, int gw, 
 #pragma unroll
         for (int i = 0; i < QG_R; i++) acc[i] = 0.f;
     };
-    qstage B;
     int rsa = gw, ita = 0;
-    if (!preloaded) load(A, rsa, ita);
+    if (npre < 1) load(A, rsa, ita);
 #pragma unroll
     for (int i = 0; i < QG_R; i++) acc[i] = 0.f;
     for (int s = 0; s < nsteps; s += 2) {
         int rsb = rsa, itb = ita + 1;
         if (itb == nit) itb = 0, rsb += W;
-        if (s + 1 < nsteps) load(B, rsb, itb);
+        if (s + 1 < nsteps && (s > 0 || npre < 2)) load(B, rsb, itb);
         qdot<BITS>(A, q, ita, C, acc);
         if (ita == nit - 1) done(rsa);
         if (s + 1 >= nsteps) break;
@@ -345,15 +355,22 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             if (r + 1 < sg.rows) gemv_epilogue(sg, r + 1, b, 0.f);
         }
     };
-    qstage A;
-    // weights of the first step before the wait, unless its matrix comes from the router
-    const bool pre = nsteps > 0 && !p.seg[seg_of_rs(p, gw)].idx;
-    if (pre) load(A, gw, 0);
+    // before the wait: the norm weights and the first two steps' weights, unless their matrix
+    // comes from the router
+    const qx_src in = {p.x, p.cols, p.norm_w, p.gn_w, p.gn_z, p.gn_dv, p.eps};
+    qx_w nw;
+    qx_prefetch(in, nw);
+    qstage A, B;
+    int npre = 0;
+    if (nsteps > 0 && !p.seg[seg_of_rs(p, gw)].idx) {
+        load(A, gw, 0), npre = 1;
+        const int rs1 = nit > 1 ? gw : gw + W;
+        if (nsteps > 1 && !p.seg[seg_of_rs(p, rs1)].idx) load(B, rs1, nit > 1 ? 1 : 0), npre = 2;
+    }
     pdl_wait();
-    qx_src in = {p.x, p.cols, p.norm_w, p.gn_w, p.gn_z, p.gn_dv, p.eps};
     const qx_smem q = qx_layout(qsm, p.cols >> 5);
-    qx_build<BITS>(in, q, red);
-    qrun<BITS>(nsteps, nit, C, gw, W, q, A, pre, load, finish);
+    qx_build<BITS>(in, nw, q, red);
+    qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load, finish);
     if (p.topk_K > 0) topk_if_last(p);
 }
 
@@ -444,11 +461,12 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     };
     pdl_wait();
     for (int i = threadIdx.x; i < p.K; i += blockDim.x) ids[i] = __ldcg(p.ids + i);
-    qx_src in = {p.act, p.K * p.inter + p.sh_inter, nullptr, nullptr, nullptr, 0, 0.f};
+    const qx_src in = {p.act, p.K * p.inter + p.sh_inter, nullptr, nullptr, nullptr, 0, 0.f};
     const qx_smem q = qx_layout(qsm, in.cols >> 5);
-    qx_build<BITS>(in, q, red); // its barrier also publishes ids
-    qstage A;
-    qrun<BITS>(nsteps, nit, C, gw, W, q, A, false, load, finish);
+    qx_w nw;
+    qx_build<BITS>(in, nw, q, red); // its barrier also publishes ids
+    qstage A, B;
+    qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, 0, load, finish);
 }
 
 bool qdown_eligible(const struct moe_down_params *p) {
