@@ -25,6 +25,11 @@ if [ -n "${NCU:-}" ]; then
   timeout 180 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section LaunchStats ./cuda_checks/bench_decode_gemv once > "$out/ncu.txt" 2>&1
   grep -E "qgemv_kernel|qdown_kernel|Duration|Memory Throughput|DRAM Throughput|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|Stall|Issued Warp" "$out/ncu.txt" | head -120
+  echo "== ncu: router source hot spots"
+  timeout 120 ncu --clock-control none -k regex:qgemv_kernel --launch-skip 4 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --print-details all \
+    ./cuda_checks/bench_decode_gemv once > "$out/ncu_router.txt" 2>&1
+  grep -iE "stall|line|\.cu:|Duration" "$out/ncu_router.txt" | head -60
 fi
 echo "== CUDA vs CPU, tiny models"
 timeout 300 $repo/bench/cuda_vs_cpu.sh ./wren ./wren cuda_checks /tmp/cvc 2>&1 | grep -E "==|ok|FAIL|worst|agree|greedy" | head -40

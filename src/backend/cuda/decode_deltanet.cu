@@ -29,7 +29,10 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     // that feeds q/k/v is still finishing, then wait for it
 #pragma unroll
     for (int i = 0; i < RPW; i++) S[i] = colok ? Sh[(size_t)(warp * RPW + i) * dv + col] : 0.f;
+    const float A_log = p.A_log[h], dt_bias = p.dt_bias[h];
     pdl_wait();
+    // the gate inputs are loaded with q/k/v so their round trips overlap
+    const float b_in = __ldcg(p.b + h), a_in = __ldcg(p.a + h);
     for (int i = tid; i < dk; i += blockDim.x) {
         q[i] = __ldcg(p.qkv + kh * dk + i);
         k[i] = __ldcg(p.qkv + qk + kh * dk + i);
@@ -49,10 +52,10 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
 #pragma unroll
     for (int w = 0; w < DN_WARPS; w++) sq += red[0][w], sk += red[1][w];
     const float qs = rsqrtf(sq + 1e-6f) * rsqrtf((float)dk), ks = rsqrtf(sk + 1e-6f);
-    const float beta = sigmoid_f(__ldcg(p.b + h));
-    const float ax = __ldcg(p.a + h) + p.dt_bias[h];
+    const float beta = sigmoid_f(b_in);
+    const float ax = a_in + dt_bias;
     const float sp = ax > 20.f ? ax : log1pf(__expf(ax));
-    const float g = __expf(-__expf(p.A_log[h]) * sp);
+    const float g = __expf(-__expf(A_log) * sp);
     float kr[RPW], qr[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) kr[i] = k[warp * RPW + i] * ks, qr[i] = q[warp * RPW + i] * qs;

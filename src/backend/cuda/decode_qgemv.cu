@@ -362,12 +362,15 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qx_prefetch(in, nw);
     qstage A, B;
     int npre = 0;
+    const int rs1 = nit > 1 ? gw : gw + W, it1 = nit > 1 ? 1 : 0;
     if (nsteps > 0 && !p.seg[seg_of_rs(p, gw)].idx) {
         load(A, gw, 0), npre = 1;
-        const int rs1 = nit > 1 ? gw : gw + W;
-        if (nsteps > 1 && !p.seg[seg_of_rs(p, rs1)].idx) load(B, rs1, nit > 1 ? 1 : 0), npre = 2;
+        if (nsteps > 1 && !p.seg[seg_of_rs(p, rs1)].idx) load(B, rs1, it1), npre = 2;
     }
     pdl_wait();
+    // routed experts' first steps right after the wait, so they stream during the prologue
+    if (npre < 1 && nsteps > 0) load(A, gw, 0), npre = 1;
+    if (npre < 2 && nsteps > 1) load(B, rs1, it1), npre = 2;
     const qx_smem q = qx_layout(qsm, p.cols >> 5);
     qx_build<BITS>(in, nw, q, red);
     qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load, finish);
@@ -465,6 +468,8 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     const qx_smem q = qx_layout(qsm, in.cols >> 5);
     qx_w nw;
     qx_build<BITS>(in, nw, q, red); // its barrier also publishes ids
+    // (issuing the first steps before the prologue, as the segment kernel does for routed
+    // experts, measured slower here: 5.9 vs 5.6 us)
     qstage A, B;
     qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, 0, load, finish);
 }

@@ -47,25 +47,39 @@ static __device__ __forceinline__ void gemv_epilogue(const struct gemv_seg &sg, 
     }
 }
 
-// Router finisher (one warp): softmax over E logits, top-K (ties: lower id first), optional
-// renormalisation, the shared expert's sigmoid gate.
+// Router finisher (the whole block): softmax over E logits, top-K (ties: lower id first),
+// optional renormalisation, the shared expert's sigmoid gate. The logits are read once, by all
+// threads at the same time (one memory round trip), into shared memory.
 static __device__ void topk_finish(const struct gemv_params &p) {
     __shared__ float prob[2048];
-    if (threadIdx.x >= 32) return;
-    const int E = p.topk_E, lane = threadIdx.x;
+    __shared__ float red[32];
+    const int E = p.topk_E, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nw = blockDim.x >> 5;
     float mx = -INFINITY;
-    for (int i = lane; i < E; i += 32) mx = fmaxf(mx, __ldcg(p.logits + i));
+    for (int i = tid; i < E; i += blockDim.x) {
+        prob[i] = __ldcg(p.logits + i);
+        mx = fmaxf(mx, prob[i]);
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < nw; w++) mx = fmaxf(mx, red[w]);
     float sum = 0.f;
-    for (int i = lane; i < E; i += 32) {
-        float v = __expf(__ldcg(p.logits + i) - mx);
+    for (int i = tid; i < E; i += blockDim.x) {
+        const float v = __expf(prob[i] - mx);
         prob[i] = v;
         sum += v;
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    __syncwarp();
+    __syncthreads(); // everyone has read red[] (max) before it is reused
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    if (warp) return;
+    sum = 0.f;
+    for (int w = 0; w < nw; w++) sum += red[w];
     float wsum = 0.f, myw = 0.f;
     for (int k = 0; k < p.topk_K; k++) {
         float bv = -2.f;
@@ -96,11 +110,15 @@ static __device__ void topk_finish(const struct gemv_params &p) {
 }
 
 // The router's last block (ticket counter) runs the finisher once every block's logits are out.
+// One fence per block, by the thread that takes the ticket after the barrier (cumulative over the
+// block's writes), rather than one per thread.
 static __device__ __forceinline__ void topk_if_last(const struct gemv_params &p) {
     __shared__ int last;
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+    }
     __syncthreads();
     if (last) {
         __threadfence();

@@ -46,6 +46,7 @@ static __device__ void emit(const struct sample_params &p, int tok, float logpro
 // ---- greedy: grid-wide argmax, the last block emits -----------------------------------------
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const __grid_constant__ struct sample_params p) {
+    pdl_wait(); // launched early (programmatic launch): the logits come from the lm_head
     unsigned long long best = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n_vocab;
          i += gridDim.x * blockDim.x) {
@@ -269,10 +270,11 @@ int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err
         int nb = (p->n_vocab + ARGMAX_THREADS * 8 - 1) / (ARGMAX_THREADS * 8);
         if (nb > 1024) nb = 1024;
         if (nb < 1) nb = 1;
-        argmax_kernel<<<nb, ARGMAX_THREADS, 0, s>>>(*p);
+        CUDA_CHECK(
+            pdl_launch(argmax_kernel, dim3(nb), dim3(ARGMAX_THREADS), 0, s, qgemv_pdl(), *p));
     } else {
         sample_full_kernel<<<1, SAMPLE_THREADS, 0, s>>>(*p);
+        CUDA_CHECK_LAUNCH();
     }
-    CUDA_CHECK_LAUNCH();
     return 0;
 }
