@@ -411,9 +411,11 @@ void pf_gemm_force_bm(int bm) {
     g_force_bm = bm;
 }
 
-// Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert.
+// Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert. The
+// wgmma kernel sizes its tile width from each tile's rows, so it takes whole experts (up to 256).
 int pf_gemm_group_bm(int avg_rows) {
     if (g_force_bm) return g_force_bm;
+    if (pf_gemm_wg_available()) return 256;
     return avg_rows < 48 ? 64 : avg_rows >= 512 ? 256 : 128;
 }
 
@@ -425,6 +427,9 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
         (!Wup || Wup->type != W->type || Wup->rows != W->rows || Wup->cols != W->cols ||
          Wup->bits != W->bits || Wup->group != W->group))
         return wren_errf(e, "gemm: SwiGLU needs gate and up matrices of one shape and format");
+    // Hopper: the wgmma kernel for 4-bit grouped (expert) GEMMs, and for dense ones when forced
+    if ((grp || pf_gemm_path_forced() == 2) && pf_gemm_wg_fits(A, lda, M, W, Wup, ldc, epi, grp))
+        return pf_gemm_wg(s, A, lda, M, W, Wup, C, ldc, epi, grp, e);
     gparams p;
     p.A = A;
     p.lda = lda;
