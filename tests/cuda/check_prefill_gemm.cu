@@ -1,7 +1,7 @@
 // Fused-dequant GEMM (pf_gemm, dense mode) vs a CPU GEMM over the same dequantized weights:
 // 4/8-bit and bf16 weights, every epilogue, odd M/N, the generic fallback (K not a multiple of 64).
-// Every case runs twice: on the portable mma.sync kernel and with the sm_90a wgmma kernel forced
-// for the 4-bit cases it supports (on other GPUs both runs take the mma.sync kernel).
+// Every case runs twice: on the portable mma.sync kernel and on the automatic choice, which is the
+// sm_90a wgmma kernel for the 4-bit cases it supports on Hopper (elsewhere mma.sync again).
 // `--bench`: times the projection shapes of the 35B model at T = 4096 on both kernels.
 #include "check_prefill_util.cuh"
 
@@ -79,7 +79,7 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
     const int reps = 20;
     for (int bm : {0, 128, 256, -1}) { // -1: the wgmma kernel
-        pf_gemm_force_path(bm < 0 ? 2 : 1);
+        pf_gemm_force_path(bm < 0 ? 0 : 1);
         pf_gemm_force_bm(bm < 0 ? 0 : bm);
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
         tm.start(0);
@@ -88,7 +88,10 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
         float ms = tm.stop_ms(0) / reps;
         double flop = 2.0 * M * N * K * (epi == EPI_SWIGLU_BF16 ? 2 : 1);
         printf("bench gemm %-22s %-10s M=%d N=%d K=%d: %.3f ms, %.1f TFLOP/s\n", name,
-               bm < 0 ? "wgmma" : bm == 128 ? "mma bm128" : bm == 256 ? "mma bm256" : "mma auto",
+               bm < 0      ? "wgmma"
+               : bm == 128 ? "mma bm128"
+               : bm == 256 ? "mma bm256"
+                           : "mma auto",
                M, N, K, ms, flop / ms / 1e9);
     }
     pf_gemm_force_bm(0);
@@ -100,7 +103,7 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
 int main(int argc, char **argv) {
     bool bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
-    for (int path : {1, 2}) {
+    for (int path : {1, 0}) {
         pf_gemm_force_path(path);
         g_path = path == 1 ? " [mma]" : " [wgmma]";
         check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);

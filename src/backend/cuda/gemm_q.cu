@@ -427,8 +427,9 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
         (!Wup || Wup->type != W->type || Wup->rows != W->rows || Wup->cols != W->cols ||
          Wup->bits != W->bits || Wup->group != W->group))
         return wren_errf(e, "gemm: SwiGLU needs gate and up matrices of one shape and format");
-    // Hopper: the wgmma kernel for 4-bit grouped (expert) GEMMs, and for dense ones when forced
-    if ((grp || pf_gemm_path_forced() == 2) && pf_gemm_wg_fits(A, lda, M, W, Wup, ldc, epi, grp))
+    // Hopper: the wgmma kernel (gemm_wg.cu) for every 4-bit GEMM it supports, grouped and dense
+    // (1.3-2x this kernel's rate, bench/RESULTS.md)
+    if (pf_gemm_wg_fits(A, lda, M, W, Wup, ldc, epi, grp))
         return pf_gemm_wg(s, A, lda, M, W, Wup, C, ldc, epi, grp, e);
     gparams p;
     p.A = A;

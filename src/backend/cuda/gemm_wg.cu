@@ -1,30 +1,32 @@
 // Hopper (sm_90a) path of the fused-dequant GEMM for 4-bit weights: warpgroup MMA (wgmma) with the
-// problem transposed, C^T[n, tok] = W[n, K] * A[tok, K]^T, so that the weights are wgmma's A operand,
-// which may come from registers: each thread dequantizes its fragment straight from the packed
-// words into the registers the MMA reads (no shared-memory round trip for W, no ldmatrix), while
-// the activations (the B operand) sit in shared memory in the 128-byte-swizzled K-major layout that
-// a wgmma descriptor reads. wgmma is asynchronous, so the dequantization of k-tile t+1 overlaps the
-// tensor-core work of tile t (the mma.sync kernel in gemm_q.cu spends its issue slots on both).
+// problem transposed, C^T[n, tok] = W[n, K] * A[tok, K]^T, so that the weights are wgmma's A
+// operand, which may come from registers: each thread dequantizes its fragment straight from the
+// packed words into the registers the MMA reads (no shared-memory round trip for W, no ldmatrix),
+// while the activations (the B operand) sit in shared memory in the 128-byte-swizzled K-major
+// layout that a wgmma descriptor reads. wgmma is asynchronous, so the dequantization of k-tile t+1
+// overlaps the tensor-core work of tile t (the mma.sync kernel in gemm_q.cu spends its issue slots
+// on both).
 //
 // Block: 2 warpgroups x 64 weight rows = 128 rows (64 SwiGLU features: gate and up rows interleaved
 // by 8, as in gemm_q.cu), times up to 256 tokens; the wgmma N (tokens) is picked per block from its
 // row count in steps of 32, so an expert with 140 rows runs one 160-wide tile instead of two
 // 128-row tiles. Activation and packed-weight tiles arrive by cp.async in a 5-stage ring; the
-// group scales/biases of the block's rows for the whole K are staged once.
+// group scales/biases of the block's rows for the whole K are staged once, with the first tile.
+// One CTA per SM (213 KB of shared memory at K = 4096, 206 registers per thread).
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/prefill.cuh"
 #include "backend/cuda/wgmma_rs.cuh"
 
 namespace {
 
-constexpr int WG_ROWS = 128;    // weight rows per block
-constexpr int WG_TOK = 256;     // tokens per block at most (wgmma N <= 256)
+constexpr int WG_ROWS = 128;    // weight rows per work item
+constexpr int WG_TOK = 256;     // tokens per work item at most (wgmma N <= 256)
 constexpr int WG_THREADS = 256; // two warpgroups
 constexpr int WG_STAGES = 5;
 constexpr int ACT_BYTES = WG_TOK * 128; // [256 tokens][64 k] bf16
 constexpr int WQ_BYTES = WG_ROWS * 32;  // [128 rows][64 k] 4-bit
 constexpr int STAGE_BYTES = ACT_BYTES + WQ_BYTES;
-constexpr int MAX_GROUPS = 64; // K / group: the scale stage is 128 x 64 x 4 bytes at most
+constexpr int MAX_GROUPS = 64; // K / group: scales + biases of 128 rows take 32 KB at most
 
 struct wg_params {
     const bf16 *A;
@@ -34,9 +36,11 @@ struct wg_params {
     const uint8_t *w[2], *sc[2], *bi[2]; // gate (or the only matrix) and up
     size_t rs[2], ms[2], sbrs[2], sbms[2];
     int group;
+    bool sb_async; // scale/bias rows are whole 16-byte chunks: staged by cp.async
     void *C;
     int ldc, epi;
     const int *tiles, *n_tiles;
+    int ny; // work items per row tile (weight-row blocks)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,8 +74,8 @@ template <int ND> __device__ __forceinline__ void fence_acc(float (&d)[ND]) {
 // Descriptor of a K-major bf16 tile with 128-byte rows, 128-byte swizzle, 8-row groups 1024
 // bytes apart (the tile base is 1024-byte aligned; k steps of 16 add 32 bytes to the start).
 __device__ __forceinline__ uint64_t act_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
 // 16 bytes global -> shared (shared address already converted).
@@ -83,20 +87,75 @@ __device__ __forceinline__ float silu_f(float x) {
     return x / (1.f + __expf(-x));
 }
 
-// The per-block state the k loop needs.
+// A work item: up to 256 rows (tokens) of one expert times 128 weight rows (block `by`).
+struct item_t {
+    int expert, row0, nrows, by;
+};
+
+__device__ __forceinline__ bool get_item(const wg_params &p, int n_mtiles, int item, item_t &it) {
+    const int mt = item / p.ny;
+    if (mt >= n_mtiles) return false;
+    it.by = item - mt * p.ny;
+    if (p.tiles) {
+        it.expert = p.tiles[3 * mt];
+        it.row0 = p.tiles[3 * mt + 1];
+        it.nrows = p.tiles[3 * mt + 2] - it.row0;
+    } else {
+        it.expert = 0;
+        it.row0 = mt * WG_TOK;
+        it.nrows = min(WG_TOK, p.M - it.row0);
+    }
+    return true;
+}
+
+// Block row v (0..127) of an item -> matrix (0 gate or the only one, 1 up) and its row. SwiGLU
+// items cover 64 features with gate and up rows interleaved by 8 (as in gemm_q.cu), so a thread's
+// accumulator rows r and r + 8 are the gate and up of one feature.
+__device__ __forceinline__ int row_of(const wg_params &p, int by, int v, int &m) {
+    if (p.epi == EPI_SWIGLU_BF16) {
+        m = (v >> 3) & 1;
+        return by * 64 + (v >> 4) * 8 + (v & 7);
+    }
+    m = 0;
+    return by * WG_ROWS + v;
+}
+
+// Per-thread state of the loads (for the item being loaded) and of the dequantization.
 struct wg_ctx {
     uint32_t smem;   // shared address of stage 0
+    uint32_t sbuf;   // shared address of the scales [128][ng] bf16, then the biases
     uint32_t act_st; // this thread's activation chunk: swizzled byte offset inside a stage
     uint32_t a_off[WG_TOK / 32];
-    int n_act;        // chunks this thread copies per tile
+    int n_act;         // activation chunks this thread copies per tile
     const uint8_t *wq; // this thread's packed-weight chunk (k-tile 0)
     uint32_t wq_st;
     bool wq_ok;
-    const uint32_t *sb; // staged (scale, bias) pairs, [group][128 rows]
-    int kt_per_group;   // k-tiles per quantization group
-    int r0;             // first of this thread's two weight rows (r0, r0 + 8) in the block
-    uint32_t sel;       // byte_perm selector: byte t of two words
+    const uint8_t *sb_src; // this thread's scale or bias row (cp.async staging)
+    bool sb_ok;
+    int ng, r0;   // groups per row; first of this thread's two weight rows (r0, r0 + 8)
+    uint32_t sel; // byte_perm selector: byte t of two words
 };
+
+// Load-side state for item `it` (gathered activation rows, weight and scale rows).
+__device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx &c, const item_t &it) {
+    const int tid = threadIdx.x;
+    const int tok0 = tid >> 3, ch = tid & 7;
+    c.n_act = (it.nrows - tok0 + 31) / 32;
+#pragma unroll
+    for (int i = 0; i < WG_TOK / 32; i++) {
+        const int r = it.row0 + min(tok0 + 32 * i, it.nrows - 1);
+        c.a_off[i] = (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
+    }
+    int m;
+    const int v = tid >> 1, n = row_of(p, it.by, v, m);
+    c.wq_ok = n < p.N;
+    c.wq = p.w[m] + it.expert * p.ms[m] + (size_t)(c.wq_ok ? n : 0) * p.rs[m] + (tid & 1) * 16;
+    // scales: thread tid stages row tid % 128 of the scales (tid < 128) or of the biases
+    const int vs = tid & 127, ns = row_of(p, it.by, vs, m);
+    c.sb_ok = ns < p.N;
+    c.sb_src = (tid < 128 ? p.sc[m] : p.bi[m]) + it.expert * p.sbms[m] +
+               (size_t)(c.sb_ok ? ns : 0) * p.sbrs[m];
+}
 
 __device__ __forceinline__ void load_tile(const wg_ctx &c, const bf16 *A, int kt) {
     const uint32_t st = c.smem + (uint32_t)(kt % WG_STAGES) * STAGE_BYTES;
@@ -104,7 +163,45 @@ __device__ __forceinline__ void load_tile(const wg_ctx &c, const bf16 *A, int kt
     for (int i = 0; i < WG_TOK / 32; i++)
         if (i < c.n_act) cp_async16_s(st + c.act_st + i * 32 * 128, A + c.a_off[i] + kt * 64);
     if (c.wq_ok) cp_async16_s(st + ACT_BYTES + c.wq_st, c.wq + kt * 32);
-    cp_async_commit();
+}
+
+// First WG_DIST tiles of an item and its scales/biases (with tile 0). The caller has made sure
+// no warpgroup still reads the stages or the scales.
+__device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx &c, const item_t &it) {
+    const int tid = threadIdx.x, KT = p.K / 64;
+    if (p.sb_async) {
+        if (c.sb_ok) {
+            const uint32_t dst =
+                c.sbuf + (tid >> 7) * (WG_ROWS * c.ng * 2) + (tid & 127) * c.ng * 2;
+            for (int ch = 0; ch < c.ng / 8; ch++) cp_async16_s(dst + ch * 16, c.sb_src + ch * 16);
+        }
+    } else { // odd shapes (tests): plain loads
+        for (int i = tid; i < c.ng * WG_ROWS; i += WG_THREADS) {
+            const int v = i / c.ng, gi = i % c.ng;
+            int m;
+            const int n = row_of(p, it.by, v, m);
+            uint16_t s = 0, b = 0;
+            if (n < p.N) {
+                const size_t off = it.expert * p.sbms[m] + (size_t)n * p.sbrs[m] + gi * 2;
+                s = *reinterpret_cast<const uint16_t *>(p.sc[m] + off);
+                b = *reinterpret_cast<const uint16_t *>(p.bi[m] + off);
+            }
+            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + i * 2), "h"(s));
+            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + (WG_ROWS * c.ng + i) * 2),
+                         "h"(b));
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < WG_DIST; s++) {
+        if (s < KT) load_tile(c, p.A, s);
+        cp_async_commit();
+    }
+}
+
+__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
+    uint16_t v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+    return v;
 }
 
 // Dequantizes this thread's share of the 64 x 64 weight tile of its warpgroup into the wgmma A
@@ -113,7 +210,7 @@ __device__ __forceinline__ void load_tile(const wg_ctx &c, const bf16 *A, int kt
 // needs from word j are its byte t: a byte_perm gathers byte t of both rows' word j, the LOP3
 // trick builds 128 + q as bf16 pairs, one subtract (exact) and one bf16x2 FMA per pair apply the
 // rows' scales and biases (rounded once, as the reference's f32 FMA rounded to bf16).
-__device__ __forceinline__ void dequant(const wg_ctx &c, int kt, uint32_t (&a)[16]) {
+__device__ __forceinline__ void dequant(const wg_ctx &c, int kt, int group, uint32_t (&a)[16]) {
     const uint32_t st = c.smem + (uint32_t)(kt % WG_STAGES) * STAGE_BYTES + ACT_BYTES;
     uint32_t w0[8], w1[8];
     const int r1 = c.r0 + 8;
@@ -131,15 +228,17 @@ __device__ __forceinline__ void dequant(const wg_ctx &c, int kt, uint32_t (&a)[1
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(w1[4]), "=r"(w1[5]), "=r"(w1[6]), "=r"(w1[7])
                  : "r"(st + r1 * 32 + (16 ^ x0)));
-    const int g = kt / c.kt_per_group;
-    const uint32_t sb0 = c.sb[g * WG_ROWS + c.r0], sb1 = c.sb[g * WG_ROWS + r1];
-    const uint32_t s2u = __byte_perm(sb0, sb1, 0x5410), b2u = __byte_perm(sb0, sb1, 0x7632);
+    const int g = kt * 64 / group;
+    const uint32_t sa = c.sbuf + (c.r0 * c.ng + g) * 2, sb = sa + 8 * c.ng * 2,
+                   ba = sa + WG_ROWS * c.ng * 2, bb = sb + WG_ROWS * c.ng * 2;
+    const uint32_t s2u = __byte_perm(lds_u16(sa), lds_u16(sb), 0x5410);
+    const uint32_t b2u = __byte_perm(lds_u16(ba), lds_u16(bb), 0x5410);
     const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162 *>(&s2u);
     const __nv_bfloat162 b2 = *reinterpret_cast<const __nv_bfloat162 *>(&b2u);
     const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const uint32_t y = __byte_perm(w0[j], w1[j], c.sel); // (byte t of row r0, of row r1)
+        const uint32_t y = __byte_perm(w0[j], w1[j], c.sel);  // (byte t of row r0, of row r1)
         uint32_t lo = (y & 0x000F000Fu) | 0x43004300u;        // k = 8j + 2t of both rows
         uint32_t hi = ((y >> 4) & 0x000F000Fu) | 0x43004300u; // k = 8j + 2t + 1
         __nv_bfloat162 l2 = *reinterpret_cast<__nv_bfloat162 *>(&lo);
@@ -160,17 +259,15 @@ __device__ __forceinline__ void dequant(const wg_ctx &c, int kt, uint32_t (&a)[1
 // Retiring with wait_group 0 right before the issue (not wait_group 1 at the top) is what lets
 // ptxas see that no in-flight wgmma reads `a`; otherwise it serializes every wgmma (C7513).
 template <int NT>
-__device__ __forceinline__ void k_tile(const wg_ctx &c, const bf16 *A, int kt, int KT,
+__device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx &c, int kt, int KT,
                                        uint32_t (&a)[16], float (&acc)[NT / 2]) {
     cp_async_wait<WG_DIST - 1>();
     fence_proxy_async();
     // Both warpgroups have retired tile kt - 2 (at their previous tile), so its stage is free.
     __syncthreads();
-    if (kt + WG_DIST < KT)
-        load_tile(c, A, kt + WG_DIST);
-    else
-        cp_async_commit(); // keep the group count uniform
-    dequant(c, kt, a);
+    if (kt + WG_DIST < KT) load_tile(c, p.A, kt + WG_DIST);
+    cp_async_commit(); // (empty near the end: keeps the group count uniform)
+    dequant(c, kt, p.group, a);
     // descriptors too are wgmma inputs: define them before the fence
     const uint64_t d0 = act_desc(c.smem + (uint32_t)(kt % WG_STAGES) * STAGE_BYTES);
     wg_wait<0>();
@@ -183,9 +280,9 @@ __device__ __forceinline__ void k_tile(const wg_ctx &c, const bf16 *A, int kt, i
     wg_commit();
 }
 
+// One work item with an NT-wide token tile: the k loop, then the epilogue from the accumulators.
 template <int NT>
-__device__ __forceinline__ void mainloop(const wg_params &p, wg_ctx &c, int row0, int nrows,
-                                         int by) {
+__device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx &c, const item_t &cur) {
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; i++) acc[i] = 0.f;
@@ -196,25 +293,41 @@ __device__ __forceinline__ void mainloop(const wg_params &p, wg_ctx &c, int row0
     // in flight, or ptxas serializes): pairs of tiles, then the odd last one.
     int kt = 0;
     for (; kt + 1 < KT; kt += 2) {
-        k_tile<NT>(c, p.A, kt, KT, a0, acc);
-        k_tile<NT>(c, p.A, kt + 1, KT, a1, acc);
+        k_tile<NT>(p, c, kt, KT, a0, acc);
+        k_tile<NT>(p, c, kt + 1, KT, a1, acc);
     }
-    if (kt < KT) k_tile<NT>(c, p.A, kt, KT, a0, acc);
+    if (kt < KT) k_tile<NT>(p, c, kt, KT, a0, acc);
     wg_wait<0>();
     fence_acc(acc);
 
-    // acc[4j + 2h + e]: weight row r0 + 8h of the block, token 8j + 2t + e of the tile
+    // acc[4j + 2h + e]: weight row r0 + 8h of the item, token 8j + 2t + e of the tile
     const int lane = threadIdx.x & 31, t = lane & 3;
+    if (p.epi == EPI_ADD_F32) {
+        // all reads of C before any write: the compiler cannot prove that the elements differ,
+        // so interleaved read-add-writes would each wait for a full memory round trip
+#pragma unroll
+        for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (8 * j >= cur.nrows) continue;
+                    const int tok = 8 * j + 2 * t + e, n = cur.by * WG_ROWS + c.r0 + 8 * h;
+                    if (tok < cur.nrows && n < p.N)
+                        acc[4 * j + 2 * h + e] +=
+                            static_cast<const float *>(p.C)[(size_t)(cur.row0 + tok) * p.ldc + n];
+                }
+    }
 #pragma unroll
     for (int j = 0; j < NT / 8; j++) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int tok = 8 * j + 2 * t + e;
-            if (tok >= nrows) continue;
-            const size_t r = (size_t)(row0 + tok) * p.ldc;
+            if (tok >= cur.nrows) continue;
+            const size_t r = (size_t)(cur.row0 + tok) * p.ldc;
             if (p.epi == EPI_SWIGLU_BF16) {
                 // rows r0 (gate) and r0 + 8 (up) of one feature
-                const int f = by * 64 + (c.r0 >> 4) * 8 + (c.r0 & 7);
+                const int f = cur.by * 64 + (c.r0 >> 4) * 8 + (c.r0 & 7);
                 if (f < p.N)
                     static_cast<bf16 *>(p.C)[r + f] =
                         __float2bfloat16(silu_f(acc[4 * j + e]) * acc[4 * j + 2 + e]);
@@ -222,128 +335,73 @@ __device__ __forceinline__ void mainloop(const wg_params &p, wg_ctx &c, int row0
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int n = by * WG_ROWS + c.r0 + 8 * h;
+                const int n = cur.by * WG_ROWS + c.r0 + 8 * h;
                 const float v = acc[4 * j + 2 * h + e];
                 if (n >= p.N) continue;
                 if (p.epi == EPI_BF16)
                     static_cast<bf16 *>(p.C)[r + n] = __float2bfloat16(v);
-                else if (p.epi == EPI_ADD_F32)
-                    static_cast<float *>(p.C)[r + n] += v;
                 else
-                    static_cast<float *>(p.C)[r + n] = v;
+                    static_cast<float *>(p.C)[r + n] = v; // EPI_F32, EPI_ADD_F32 (added above)
             }
         }
     }
 }
 #endif // WG_DEVICE
 
+// One CTA per work item (row tile, weight-row block); in grouped mode the number of row tiles is
+// read on the device and surplus CTAs exit at once. (A persistent variant, one CTA per SM walking
+// the items and overlapping each epilogue with the next item's first loads, measured 2x slower:
+// with the item loop around the per-width k loops ptxas serializes the wgmmas, C7510/C7512.)
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(const wg_params p) {
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int expert = 0, row0, row_end;
-    if (p.tiles) {
-        if ((int)blockIdx.x >= *p.n_tiles) return;
-        expert = p.tiles[3 * blockIdx.x];
-        row0 = p.tiles[3 * blockIdx.x + 1];
-        row_end = p.tiles[3 * blockIdx.x + 2];
-    } else {
-        row0 = blockIdx.x * WG_TOK;
-        row_end = min(row0 + WG_TOK, p.M);
-    }
-    const int nrows = row_end - row0, by = blockIdx.y;
-    if (nrows <= 0) return;
+    const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + WG_TOK - 1) / WG_TOK;
+    item_t cur;
+    if (!get_item(p, n_mtiles, blockIdx.x, cur)) return;
 
     wg_ctx c;
     // the 128-byte swizzle repeats every 1024 bytes: align the stages to that
-    const uint32_t base = smem_u32(smem_raw);
-    c.smem = (base + 1023) & ~1023u;
-    unsigned char *smem = smem_raw + (c.smem - base);
-    c.sb = reinterpret_cast<const uint32_t *>(smem + WG_STAGES * STAGE_BYTES);
-
-    // activations: this thread copies 16-byte chunk (tid % 8) of tokens tid / 8 + 32 i
-    const int tok0 = tid >> 3, ch = tid & 7;
-    c.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4);
-    c.n_act = (nrows - tok0 + 31) / 32;
-#pragma unroll
-    for (int i = 0; i < WG_TOK / 32; i++) {
-        const int r = row0 + min(tok0 + 32 * i, nrows - 1);
-        c.a_off[i] = (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
-    }
-
-    // packed weights: this thread copies half (16 bytes = 32 k) of block row tid / 2
-    auto row_of = [&](int v, int &m) { // block row -> matrix (0 gate/plain, 1 up) and its row
-        if (p.epi == EPI_SWIGLU_BF16) {
-            m = (v >> 3) & 1;
-            return by * 64 + (v >> 4) * 8 + (v & 7);
-        }
-        m = 0;
-        return by * WG_ROWS + v;
-    };
+    c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
+    c.sbuf = c.smem + WG_STAGES * STAGE_BYTES;
+    c.ng = p.K / p.group;
     {
-        const int v = tid >> 1, half = tid & 1;
-        int m;
-        const int n = row_of(v, m);
-        c.wq_ok = n < p.N;
-        c.wq = p.w[m] + expert * p.ms[m] + (size_t)(c.wq_ok ? n : 0) * p.rs[m] + half * 16;
-        c.wq_st = v * 32 + ((half ^ ((v >> 2) & 1)) << 4);
+        const int tok0 = tid >> 3, ch = tid & 7, v = tid >> 1;
+        c.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4);
+        c.wq_st = v * 32 + (((tid & 1) ^ ((v >> 2) & 1)) << 4);
     }
-    const int KT = p.K / 64;
-#pragma unroll
-    for (int s = 0; s < WG_DIST; s++) {
-        if (s < KT)
-            load_tile(c, p.A, s);
-        else
-            cp_async_commit();
-    }
-
-    // (scale, bias) of every group of the block's rows, [group][row], while the first tiles load
-    const int ng = p.K / p.group;
-    uint32_t *sb = const_cast<uint32_t *>(c.sb);
-    for (int i = tid; i < ng * WG_ROWS; i += WG_THREADS) {
-        const int v = i % WG_ROWS, gi = i / WG_ROWS;
-        int m;
-        const int n = row_of(v, m);
-        uint32_t val = 0;
-        if (n < p.N) {
-            const size_t off = expert * p.sbms[m] + (size_t)n * p.sbrs[m] + gi * 2;
-            const uint32_t s = *reinterpret_cast<const uint16_t *>(p.sc[m] + off);
-            const uint32_t b = *reinterpret_cast<const uint16_t *>(p.bi[m] + off);
-            val = s | (b << 16);
-        }
-        sb[gi * WG_ROWS + v] = val;
-    }
-    c.kt_per_group = p.group / 64;
-    // thread (warpgroup q, warp w, lane g*4+t) owns block rows 64q + 16w + g and + 8
+    // thread (warpgroup q, warp w, lane g*4+t) owns item rows 64q + 16w + g and + 8
     c.r0 = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
     const uint32_t t = lane & 3;
     c.sel = t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12);
-    // (the first k_tile's barrier publishes the scales)
 
-    switch ((nrows + 31) >> 5) {
+    setup_loads(p, c, cur);
+    prologue(p, c, cur);
+    // the token tile is the item's rows rounded up to 32: one instantiation per width
+    switch ((cur.nrows + 31) >> 5) {
     case 1:
-        mainloop<32>(p, c, row0, nrows, by);
+        run_item<32>(p, c, cur);
         break;
     case 2:
-        mainloop<64>(p, c, row0, nrows, by);
+        run_item<64>(p, c, cur);
         break;
     case 3:
-        mainloop<96>(p, c, row0, nrows, by);
+        run_item<96>(p, c, cur);
         break;
     case 4:
-        mainloop<128>(p, c, row0, nrows, by);
+        run_item<128>(p, c, cur);
         break;
     case 5:
-        mainloop<160>(p, c, row0, nrows, by);
+        run_item<160>(p, c, cur);
         break;
     case 6:
-        mainloop<192>(p, c, row0, nrows, by);
+        run_item<192>(p, c, cur);
         break;
     case 7:
-        mainloop<224>(p, c, row0, nrows, by);
+        run_item<224>(p, c, cur);
         break;
     default:
-        mainloop<256>(p, c, row0, nrows, by);
+        run_item<256>(p, c, cur);
         break;
     }
 #else
@@ -367,10 +425,6 @@ int g_force_path = 0;
 
 void pf_gemm_force_path(int path) {
     g_force_path = path;
-}
-
-int pf_gemm_path_forced() {
-    return g_force_path;
 }
 
 bool pf_gemm_wg_available() {
@@ -400,9 +454,8 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
     for (const struct dmat *m : ms) {
         if (m->type != WT_Q4 || m->bits != 4 || m->group % 64 || m->cols != W->cols ||
             m->rows != W->rows || ((uintptr_t)m->data % 16) || m->row_stride % 16 ||
-            (m->n > 1 && m->mat_stride % 16) || !m->scales || !m->biases ||
-            m->sb_row_stride % 2 || m->sb_mat_stride % 2 || ((uintptr_t)m->scales % 2) ||
-            ((uintptr_t)m->biases % 2))
+            (m->n > 1 && m->mat_stride % 16) || !m->scales || !m->biases || m->sb_row_stride % 2 ||
+            m->sb_mat_stride % 2 || ((uintptr_t)m->scales % 2) || ((uintptr_t)m->biases % 2))
             return false;
     }
     const int K = W->cols;
@@ -432,22 +485,30 @@ int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat 
         p.sbms[i] = ms[i]->sb_mat_stride;
     }
     p.group = W->group;
+    const int ng = p.K / p.group;
+    // scale/bias rows go by 16-byte cp.async when every row is whole, aligned chunks
+    p.sb_async = ng % 8 == 0;
+    for (int i = 0; i < 2; i++)
+        p.sb_async = p.sb_async && (uintptr_t)p.sc[i] % 16 == 0 && (uintptr_t)p.bi[i] % 16 == 0 &&
+                     p.sbrs[i] % 16 == 0 && (ms[i]->n <= 1 || p.sbms[i] % 16 == 0);
     p.C = C;
     p.ldc = ldc;
     p.epi = (int)epi;
     p.tiles = grp ? grp->tiles : nullptr;
     p.n_tiles = grp ? grp->n_tiles : nullptr;
+    p.ny = epi == EPI_SWIGLU_BF16 ? (p.N + 63) / 64 : (p.N + WG_ROWS - 1) / WG_ROWS;
     const int n_mtiles = grp ? grp->max_tiles : (M + WG_TOK - 1) / WG_TOK;
     if (n_mtiles <= 0) return 0;
-    const int smem = 1024 + WG_STAGES * STAGE_BYTES + (p.K / p.group) * WG_ROWS * 4;
+    const int smem = 1024 + WG_STAGES * STAGE_BYTES + ng * WG_ROWS * 4;
     static int attr_smem = 0;
     if (smem > attr_smem) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem));
         attr_smem = smem;
     }
-    dim3 grid(n_mtiles, epi == EPI_SWIGLU_BF16 ? (p.N + 63) / 64 : (p.N + WG_ROWS - 1) / WG_ROWS);
-    gemm_wg_kernel<<<grid, WG_THREADS, smem, s>>>(p);
+    const long items = (long)n_mtiles * p.ny;
+    if (items >= (1L << 31)) return wren_errf(e, "gemm: too many tiles");
+    gemm_wg_kernel<<<(unsigned)items, WG_THREADS, smem, s>>>(p);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -42,8 +42,8 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
 int pf_gemm_group_bm(int avg_rows);
 // Test and benchmark hook: forces the tile height (64, 128, 256) of every GEMM; 0 = automatic.
 void pf_gemm_force_bm(int bm);
-// Test and benchmark hook: 0 = automatic, 1 = only the portable mma.sync kernel, 2 = the sm_90a
-// wgmma kernel (gemm_wg.cu) for every call it supports, dense ones included.
+// Test and benchmark hook: 0 = automatic (the sm_90a wgmma kernel of gemm_wg.cu for every call it
+// supports, on Hopper), 1 = only the portable mma.sync kernel.
 void pf_gemm_force_path(int path);
 // sm_90a wgmma path for 4-bit weights (gemm_wg.cu): available on this device and binary (and not
 // disabled by pf_gemm_force_path(1)); whether it supports a call; the launch.
@@ -53,7 +53,6 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
 int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
                const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
                const struct gemm_group *grp, struct wren_err *e);
-int pf_gemm_path_forced();
 
 // ---- MoE routing (moe_route.cu) -----------------------------------------------------------------
 // From router logits [T, E] f32: top-k (softmax, renormalised when norm_topk) ids/weights [T*k],
