@@ -78,8 +78,9 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
     for (int i = 0; i < 3; i++)
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
     const int reps = 20;
-    for (int bm : {0, 128, 256, -1}) { // -1: the wgmma kernel
+    for (int bm : {0, 128, 256, -1, -2}) { // -1: the wgmma kernel, -2: with 256-row items
         pf_gemm_force_path(bm < 0 ? 0 : 1);
+        pf_gemm_wg_rows(bm == -2 ? 256 : 0);
         pf_gemm_force_bm(bm < 0 ? 0 : bm);
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
         tm.start(0);
@@ -88,7 +89,8 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
         float ms = tm.stop_ms(0) / reps;
         double flop = 2.0 * M * N * K * (epi == EPI_SWIGLU_BF16 ? 2 : 1);
         printf("bench gemm %-22s %-10s M=%d N=%d K=%d: %.3f ms, %.1f TFLOP/s\n", name,
-               bm < 0      ? "wgmma"
+               bm == -1    ? "wgmma"
+               : bm == -2  ? "wgmma r256"
                : bm == 128 ? "mma bm128"
                : bm == 256 ? "mma bm256"
                            : "mma auto",
@@ -96,6 +98,7 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
     }
     pf_gemm_force_bm(0);
     pf_gemm_force_path(0);
+    pf_gemm_wg_rows(0);
     CK(cudaFree(dA));
     CK(cudaFree(dC));
 }
@@ -103,9 +106,10 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
 int main(int argc, char **argv) {
     bool bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
-    for (int path : {1, 0}) {
-        pf_gemm_force_path(path);
-        g_path = path == 1 ? " [mma]" : " [wgmma]";
+    for (int path : {1, 0, 2}) { // 2: the wgmma kernel with 256-row work items
+        pf_gemm_force_path(path == 1 ? 1 : 0);
+        pf_gemm_wg_rows(path == 2 ? 256 : 0);
+        g_path = path == 1 ? " [mma]" : path == 0 ? " [wgmma]" : " [wgmma r256]";
         check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
         check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
         check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
@@ -133,6 +137,7 @@ int main(int argc, char **argv) {
         check_case("q4 g64 f32 K=576 (odd k-tiles)", WT_Q4, 64, 33, 192, 576, EPI_F32);
     }
     pf_gemm_force_path(0);
+    pf_gemm_wg_rows(0);
     if (bench) {
         bench_case("dn_qkv", 4096, 8192, 2048, EPI_F32);
         bench_case("q_proj(+gate)", 4096, 8192, 2048, EPI_F32);

@@ -412,10 +412,11 @@ void pf_gemm_force_bm(int bm) {
 }
 
 // Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert. The
-// wgmma kernel sizes its tile width from each tile's rows, so it takes whole experts (up to 256).
+// wgmma kernel sizes its tile width from each tile's rows, so it takes whole experts (up to 256,
+// or 128 with its 256-row work items).
 int pf_gemm_group_bm(int avg_rows) {
     if (g_force_bm) return g_force_bm;
-    if (pf_gemm_wg_available()) return 256;
+    if (pf_gemm_wg_available()) return pf_gemm_wg_group_bm(avg_rows);
     return avg_rows < 48 ? 64 : avg_rows >= 512 ? 256 : 128;
 }
 
