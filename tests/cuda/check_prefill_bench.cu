@@ -1,7 +1,8 @@
 // Prefill throughput on a full-size Qwen3.6-35B-A3B-shaped model with random 4-bit weights made
 // on the GPU (no checkpoint has to travel): tokens/s per prompt length, achieved TFLOP/s and the
 // time by kernel kind. Random weights route tokens about uniformly over the experts.
-// usage: check_prefill_bench CHUNK LEN [LEN...]   (prints one line per length)
+// usage: [PF_GEMM_PATH=1] [PF_WG_ROWS=128|256] check_prefill_bench CHUNK LEN [LEN...]
+// (one line per length)
 #include <algorithm>
 
 #include "check_prefill_util.cuh"
@@ -78,6 +79,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int chunk = atoi(argv[1]);
+    // PF_GEMM_PATH=1: only the portable mma.sync GEMM (for comparisons)
+    if (getenv("PF_GEMM_PATH")) pf_gemm_force_path(atoi(getenv("PF_GEMM_PATH")));
+    // PF_WG_ROWS=128|256: force the wgmma kernel's work-item shape (default: by rows per expert)
+    if (getenv("PF_WG_ROWS")) pf_gemm_wg_rows(atoi(getenv("PF_WG_ROWS")));
     int max_len = 0;
     for (int i = 2; i < argc; i++) max_len = std::max(max_len, atoi(argv[i]));
 

@@ -1,6 +1,8 @@
 // Fused-dequant GEMM (pf_gemm, dense mode) vs a CPU GEMM over the same dequantized weights:
 // 4/8-bit and bf16 weights, every epilogue, odd M/N, the generic fallback (K not a multiple of 64).
-// `--bench`: times the projection shapes of the 35B model at T = 4096.
+// Every case runs twice: on the portable mma.sync kernel and on the automatic choice, which is the
+// sm_90a wgmma kernel for the 4-bit cases it supports on Hopper (elsewhere mma.sync again).
+// `--bench`: times the projection shapes of the 35B model at T = 4096 on both kernels.
 #include "check_prefill_util.cuh"
 
 // ref[m][n] = sum_k A[m][k] * bf16(W[n][k]) in double: the kernel rounds dequantized weights to
@@ -19,6 +21,8 @@ static std::vector<float> ref_gemm(const std::vector<uint16_t> &A, int M, const 
         }
     return C;
 }
+
+static const char *g_path = "";
 
 static void check_case(const char *name, enum wtype type, int group, int M, int N, int K,
                        enum gemm_epi epi) {
@@ -57,7 +61,7 @@ static void check_case(const char *name, enum wtype type, int group, int M, int 
             for (int n = 0; n < N; n++) got[(size_t)m * N + n] = h_f32(c[(size_t)m * ldc + n]);
     }
     char what[160];
-    snprintf(what, sizeof what, "gemm %s M=%d N=%d K=%d", name, M, N, K);
+    snprintf(what, sizeof what, "gemm%s %s M=%d N=%d K=%d", g_path, name, M, N, K);
     // the generic path (K % 64 != 0) keeps dequantized weights in f32: it differs from the
     // bf16-rounded reference by the weights' rounding (~2^-9 relative)
     const bool generic = K % 64 != 0;
@@ -74,43 +78,66 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
     for (int i = 0; i < 3; i++)
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
     const int reps = 20;
-    for (int bm : {0, 128, 256}) {
-        pf_gemm_force_bm(bm);
+    for (int bm : {0, 128, 256, -1, -2}) { // -1: the wgmma kernel, -2: with 256-row items
+        pf_gemm_force_path(bm < 0 ? 0 : 1);
+        pf_gemm_wg_rows(bm == -2 ? 256 : 0);
+        pf_gemm_force_bm(bm < 0 ? 0 : bm);
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
         tm.start(0);
         for (int i = 0; i < reps; i++)
             OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
         float ms = tm.stop_ms(0) / reps;
         double flop = 2.0 * M * N * K * (epi == EPI_SWIGLU_BF16 ? 2 : 1);
-        printf("bench gemm %-22s bm=%-4s M=%d N=%d K=%d: %.3f ms, %.1f TFLOP/s\n", name,
-               bm ? (bm == 128 ? "128" : "256") : "auto", M, N, K, ms, flop / ms / 1e9);
+        printf("bench gemm %-22s %-10s M=%d N=%d K=%d: %.3f ms, %.1f TFLOP/s\n", name,
+               bm == -1    ? "wgmma"
+               : bm == -2  ? "wgmma r256"
+               : bm == 128 ? "mma bm128"
+               : bm == 256 ? "mma bm256"
+                           : "mma auto",
+               M, N, K, ms, flop / ms / 1e9);
     }
     pf_gemm_force_bm(0);
+    pf_gemm_force_path(0);
+    pf_gemm_wg_rows(0);
     CK(cudaFree(dA));
     CK(cudaFree(dC));
 }
 
 int main(int argc, char **argv) {
     bool bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
-    check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
-    check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
-    check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
-    check_case("bf16 add", WT_BF16, 0, 130, 72, 192, EPI_ADD_F32);
-    check_case("q4 g64 swiglu", WT_Q4, 64, 77, 96, 256, EPI_SWIGLU_BF16);
-    check_case("q4 g64 swiglu odd N", WT_Q4, 64, 129, 50, 128, EPI_SWIGLU_BF16);
-    check_case("q4 g128 bm64", WT_Q4, 128, 64, 128, 256, EPI_F32);
-    check_case("q8 g64 N=1 (shared gate)", WT_Q8, 64, 50, 1, 2048, EPI_F32);
-    check_case("q4 g32 K=96 (generic)", WT_Q4, 32, 5, 33, 96, EPI_F32);
-    check_case("q4 g32 K=96 swiglu (generic)", WT_Q4, 32, 9, 17, 96, EPI_SWIGLU_BF16);
-    check_case("q4 g32 f32 K=2048", WT_Q4, 32, 200, 260, 2048, EPI_F32);
-    pf_gemm_force_bm(256);
-    check_case("bm256 q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
-    check_case("bm256 q4 g64 swiglu", WT_Q4, 64, 520, 96, 256, EPI_SWIGLU_BF16);
-    check_case("bm256 q8 g64 add", WT_Q8, 64, 257, 130, 128, EPI_ADD_F32);
-    check_case("bm256 bf16 bf16", WT_BF16, 0, 100, 64, 192, EPI_BF16);
-    pf_gemm_force_bm(64);
-    check_case("bm64 q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
-    pf_gemm_force_bm(0);
+    printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
+    for (int path : {1, 0, 2}) { // 2: the wgmma kernel with 256-row work items
+        pf_gemm_force_path(path == 1 ? 1 : 0);
+        pf_gemm_wg_rows(path == 2 ? 256 : 0);
+        g_path = path == 1 ? " [mma]" : path == 0 ? " [wgmma]" : " [wgmma r256]";
+        check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
+        check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
+        check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
+        check_case("bf16 add", WT_BF16, 0, 130, 72, 192, EPI_ADD_F32);
+        check_case("q4 g64 swiglu", WT_Q4, 64, 77, 96, 256, EPI_SWIGLU_BF16);
+        check_case("q4 g64 swiglu odd N", WT_Q4, 64, 129, 50, 128, EPI_SWIGLU_BF16);
+        check_case("q4 g128 bm64", WT_Q4, 128, 64, 128, 256, EPI_F32);
+        check_case("q8 g64 N=1 (shared gate)", WT_Q8, 64, 50, 1, 2048, EPI_F32);
+        check_case("q4 g32 K=96 (generic)", WT_Q4, 32, 5, 33, 96, EPI_F32);
+        check_case("q4 g32 K=96 swiglu (generic)", WT_Q4, 32, 9, 17, 96, EPI_SWIGLU_BF16);
+        check_case("q4 g32 f32 K=2048", WT_Q4, 32, 200, 260, 2048, EPI_F32);
+        pf_gemm_force_bm(256);
+        check_case("bm256 q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
+        check_case("bm256 q4 g64 swiglu", WT_Q4, 64, 520, 96, 256, EPI_SWIGLU_BF16);
+        check_case("bm256 q8 g64 add", WT_Q8, 64, 257, 130, 128, EPI_ADD_F32);
+        check_case("bm256 bf16 bf16", WT_BF16, 0, 100, 64, 192, EPI_BF16);
+        pf_gemm_force_bm(64);
+        check_case("bm64 q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
+        pf_gemm_force_bm(0);
+        check_case("q4 g64 add K=2048", WT_Q4, 64, 260, 300, 2048, EPI_ADD_F32);
+        check_case("q4 g64 bf16 K=1024", WT_Q4, 64, 513, 136, 1024, EPI_BF16);
+        check_case("q4 g64 f32 K=4096", WT_Q4, 64, 40, 128, 4096, EPI_F32);
+        check_case("q4 g64 swiglu K=2048", WT_Q4, 64, 300, 512, 2048, EPI_SWIGLU_BF16);
+        check_case("q4 g128 f32 K=640", WT_Q4, 128, 70, 64, 640, EPI_F32);
+        check_case("q4 g64 f32 K=576 (odd k-tiles)", WT_Q4, 64, 33, 192, 576, EPI_F32);
+    }
+    pf_gemm_force_path(0);
+    pf_gemm_wg_rows(0);
     if (bench) {
         bench_case("dn_qkv", 4096, 8192, 2048, EPI_F32);
         bench_case("q_proj(+gate)", 4096, 8192, 2048, EPI_F32);

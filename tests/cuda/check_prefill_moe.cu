@@ -1,7 +1,8 @@
 // MoE prefill on the GPU (routing, grouped gate+up SwiGLU GEMM, grouped down GEMM, weighted
 // combine with the gated shared expert) vs a CPU MoE block. Routing is random and uneven: one
-// expert takes every token, several take none. `--bench`: the 35B expert shapes at several T,
-// both tile heights.
+// expert takes every token, several take none. Every check runs on the portable mma.sync kernel
+// and on the automatic choice (the sm_90a wgmma kernel where available). `--bench`: the 35B
+// expert shapes at several T, both kernels, several tile heights.
 #include <algorithm>
 
 #include "check_prefill_util.cuh"
@@ -42,7 +43,10 @@ static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int 
                       m.shg, ERR));
 }
 
+static const char *g_path = "";
+
 static void check(int T, int E, int k, int H, int I, int bm) {
+    if (bm > pf_gemm_wg_tokens() && pf_gemm_wg_available()) bm = pf_gemm_wg_tokens();
     tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
          D = make_tmat(WT_Q4, E, H, I, 64);
     std::vector<float> logits((size_t)T * E), x0((size_t)T * H), sh((size_t)T * H), shg(2 * T);
@@ -108,19 +112,21 @@ static void check(int T, int E, int k, int H, int I, int bm) {
         for (int c = 0; c < H; c++) ref[(size_t)t * H + c] += sg * sh[(size_t)t * H + c];
     }
     char what[160];
-    snprintf(what, sizeof what, "moe T=%d E=%d k=%d H=%d I=%d bm=%d (top-k ids %d/%d equal)", T, E,
-             k, H, I, bm, T * k - id_mismatch, T * k);
+    snprintf(what, sizeof what, "moe%s T=%d E=%d k=%d H=%d I=%d bm=%d (top-k ids %d/%d equal)",
+             g_path, T, E, k, H, I, bm, T * k - id_mismatch, T * k);
     // compare the MoE contribution (out - x0), not the residual that dominates it
     for (size_t i = 0; i < got.size(); i++) got[i] -= x0[i], ref[i] -= x0[i];
     report(what, id_mismatch ? INFINITY : rel_l2(got.data(), ref.data(), got.size()), 2e-3);
 }
 
-static void bench(int T, int bm) {
+static void bench(int T, int bm, int wg) { // wg: 0 mma, 1 wgmma, 2 wgmma with 256-row items
     const int E = 256, k = 8, H = 2048, I = 512;
     static tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
                 D = make_tmat(WT_Q4, E, H, I, 64);
     std::vector<float> logits((size_t)T * E);
     for (auto &v : logits) v = rnd_n();
+    pf_gemm_force_path(wg ? 0 : 1);
+    pf_gemm_wg_rows(wg == 2 ? 256 : 128);
     moe_dev m = alloc_moe(T, E, k, H, I, bm);
     m.logits = dev_upload(logits);
     m.x = dev_poison<float>((size_t)T * H);
@@ -145,22 +151,45 @@ static void bench(int T, int bm) {
     }
     t_route /= reps, t_gu /= reps, t_down /= reps;
     double f_gu = 2.0 * T * k * 2 * I * H, f_down = 2.0 * T * k * H * I;
-    printf("bench moe T=%6d bm=%3d: route %.3f ms, gate+up %.3f ms (%.0f TFLOP/s), down %.3f ms "
-           "(%.0f TFLOP/s), experts %.0f TFLOP/s\n",
-           T, bm, t_route, t_gu, f_gu / t_gu / 1e9, t_down, f_down / t_down / 1e9,
-           (f_gu + f_down) / (t_gu + t_down) / 1e9);
+    pf_gemm_force_path(0);
+    pf_gemm_wg_rows(0);
+    for (void *q : {(void *)m.rb.topk_id, (void *)m.rb.topk_w, (void *)m.rb.counts,
+                    (void *)m.rb.offsets, (void *)m.rb.cursor, (void *)m.rb.sorted_tok,
+                    (void *)m.rb.slot, (void *)m.rb.tiles, (void *)m.rb.n_tiles, (void *)m.y,
+                    (void *)m.h, (void *)m.logits, (void *)m.x, (void *)m.A})
+        CK(cudaFree(q));
+    printf(
+        "bench moe %-10s T=%6d bm=%3d: route %.3f ms, gate+up %.3f ms (%.0f TFLOP/s), down %.3f ms "
+        "(%.0f TFLOP/s), experts %.0f TFLOP/s\n",
+        wg == 1   ? "wgmma"
+        : wg == 2 ? "wgmma r256"
+                  : "mma",
+        T, bm, t_route, t_gu, f_gu / t_gu / 1e9, t_down, f_down / t_down / 1e9,
+        (f_gu + f_down) / (t_gu + t_down) / 1e9);
 }
 
 int main(int argc, char **argv) {
-    check(200, 16, 4, 256, 128, 64);
-    check(200, 16, 4, 256, 128, 128);
-    check(300, 8, 4, 256, 128, 256);
-    check(37, 24, 8, 128, 64, 64);
-    check(1, 16, 4, 128, 64, 128);
+    printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
+    // automatic (wgmma: 256-row items for tiles <= 128, else 128-row items), then each item shape
+    for (int path : {1, 0, 128, 256}) {
+        pf_gemm_force_path(path == 1 ? 1 : 0);
+        pf_gemm_wg_rows(path);
+        g_path = path == 1 ? " [mma]" : path == 0 ? " [auto]" : path == 128 ? " [r128]" : " [r256]";
+        check(200, 16, 4, 256, 128, 64);
+        check(200, 16, 4, 256, 128, 128);
+        check(300, 8, 4, 256, 128, 256); // the hot expert: 256 + 44 rows
+        check(37, 24, 8, 128, 64, 64);
+        check(1, 16, 4, 128, 64, 128);
+        check(96, 16, 8, 2048, 512, 256); // the 35B expert shapes (K = 2048 and 512)
+    }
+    pf_gemm_force_path(0);
+    pf_gemm_wg_rows(0);
     if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
-        for (int T : {512, 1024, 2048, 4096, 16384, 32768})
+        for (int T : {512, 1024, 2048, 4096, 8192, 16384, 32768}) {
             for (int bm : {64, 128, 256})
-                if (T * 8 / 256 >= bm / 4 && T * 8 / 256 <= bm * 8) bench(T, bm);
+                if (T * 8 / 256 >= bm / 4 && T * 8 / 256 <= bm * 8) bench(T, bm, 0);
+            if (pf_gemm_wg_available()) bench(T, 256, 1), bench(T, 128, 2);
+        }
     }
     printf(g_fail ? "check_prefill_moe: FAIL\n" : "check_prefill_moe: all ok\n");
     return g_fail;

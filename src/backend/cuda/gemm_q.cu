@@ -411,9 +411,12 @@ void pf_gemm_force_bm(int bm) {
     g_force_bm = bm;
 }
 
-// Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert.
+// Measured on the H200 (bench/RESULTS.md): 64-row tiles win only below ~32 rows per expert. The
+// wgmma kernel sizes its tile width from each tile's rows, so it takes whole experts (up to 256,
+// or 128 with its 256-row work items).
 int pf_gemm_group_bm(int avg_rows) {
     if (g_force_bm) return g_force_bm;
+    if (pf_gemm_wg_available()) return pf_gemm_wg_group_bm(avg_rows);
     return avg_rows < 48 ? 64 : avg_rows >= 512 ? 256 : 128;
 }
 
@@ -425,6 +428,10 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
         (!Wup || Wup->type != W->type || Wup->rows != W->rows || Wup->cols != W->cols ||
          Wup->bits != W->bits || Wup->group != W->group))
         return wren_errf(e, "gemm: SwiGLU needs gate and up matrices of one shape and format");
+    // Hopper: the wgmma kernel (gemm_wg.cu) for every 4-bit GEMM it supports, grouped and dense
+    // (1.3-2x this kernel's rate, bench/RESULTS.md)
+    if (pf_gemm_wg_fits(A, lda, M, W, Wup, ldc, epi, grp))
+        return pf_gemm_wg(s, A, lda, M, W, Wup, C, ldc, epi, grp, e);
     gparams p;
     p.A = A;
     p.lda = lda;

@@ -42,6 +42,25 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
 int pf_gemm_group_bm(int avg_rows);
 // Test and benchmark hook: forces the tile height (64, 128, 256) of every GEMM; 0 = automatic.
 void pf_gemm_force_bm(int bm);
+// Test and benchmark hook: 0 = automatic (the sm_90a wgmma kernel of gemm_wg.cu for every call it
+// supports, on Hopper), 1 = only the portable mma.sync kernel.
+void pf_gemm_force_path(int path);
+// Shape of the wgmma kernel's work items: 128 weight rows x up to 256 tokens or 256 rows x up to
+// 128 tokens. Automatic (rows = 0): 256-row items for grouped GEMMs whose tile map has tiles of at
+// most 128 rows, else 128-row items; 128 or 256 force one shape (tests, benchmarks).
+// pf_gemm_wg_tokens() is the largest grouped tile the kernel takes; pf_gemm_wg_group_bm() the
+// tile height it wants for an average of avg_rows rows per expert.
+void pf_gemm_wg_rows(int rows);
+int pf_gemm_wg_tokens();
+int pf_gemm_wg_group_bm(int avg_rows);
+// sm_90a wgmma path for 4-bit weights (gemm_wg.cu): available on this device and binary (and not
+// disabled by pf_gemm_force_path(1)); whether it supports a call; the launch.
+bool pf_gemm_wg_available();
+bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const struct dmat *Wup,
+                     int ldc, enum gemm_epi epi, const struct gemm_group *grp);
+int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
+               const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
+               const struct gemm_group *grp, struct wren_err *e);
 
 // ---- MoE routing (moe_route.cu) -----------------------------------------------------------------
 // From router logits [T, E] f32: top-k (softmax, renormalised when norm_topk) ids/weights [T*k],

@@ -1,0 +1,590 @@
+// Hopper (sm_90a) path of the fused-dequant GEMM for 4-bit weights: warpgroup MMA (wgmma) with the
+// problem transposed, C^T[n, tok] = W[n, K] * A[tok, K]^T, so that the weights are wgmma's A
+// operand, which may come from registers: each thread dequantizes its fragment straight from the
+// packed words into the registers the MMA reads (no shared-memory round trip for W, no ldmatrix),
+// while the activations (the B operand) sit in shared memory in the 128-byte-swizzled K-major
+// layout that a wgmma descriptor reads. wgmma is asynchronous, so the dequantization of k-tile t+1
+// overlaps the tensor-core work of tile t (the mma.sync kernel in gemm_q.cu spends its issue slots
+// on both).
+//
+// Block (one work item): 2 warpgroups x 64 weight rows = 128 rows (64 SwiGLU features: gate and up
+// rows interleaved by 8, as in gemm_q.cu), times up to 256 tokens; the wgmma N (tokens) is picked
+// per block from its row count in steps of 32, so an expert with 140 rows runs one 160-wide tile
+// instead of two 128-row tiles. A second item shape (MB = 2) gives each warpgroup two m64 blocks:
+// 256 weight rows x up to 128 tokens, for experts with few rows. Activation and packed-weight tiles
+// arrive by cp.async in a 5-stage ring; the group scales/biases of the block's rows for the whole
+// K are staged once, with the first tile. One CTA per SM (213 KB of shared memory at K = 4096;
+// 207 / 236 registers per thread).
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/prefill.cuh"
+#include "backend/cuda/wgmma_rs.cuh"
+
+namespace {
+
+constexpr int WG_THREADS = 256; // two warpgroups
+constexpr int WG_STAGES = 5;
+constexpr int MAX_GROUPS = 64; // K / group: scales + biases of 256 rows take 64 KB at most
+
+// Work-item shape: MB m64 blocks of weight rows per warpgroup. MB = 1: 128 weight rows x up to 256
+// tokens; MB = 2: 256 rows x up to 128 tokens (half the activation bytes per FLOP, twice the
+// weight bytes; the same accumulator registers).
+template <int MB> struct wg_shape {
+    static constexpr int ROWS = 128 * MB;         // weight rows per work item
+    static constexpr int TOK = 256 / MB;          // tokens per work item at most
+    static constexpr int ACT = TOK * 128;         // [TOK][64 k] bf16
+    static constexpr int STAGE = ACT + ROWS * 32; // + [ROWS][64 k] 4-bit
+};
+
+struct wg_params {
+    const bf16 *A;
+    int lda;
+    const int *a_rows;
+    int M, N, K;
+    const uint8_t *w[2], *sc[2], *bi[2]; // gate (or the only matrix) and up
+    size_t rs[2], ms[2], sbrs[2], sbms[2];
+    int group;
+    bool sb_async; // scale/bias rows are whole 16-byte chunks: staged by cp.async
+    void *C;
+    int ldc, epi;
+    const int *tiles, *n_tiles;
+    int ny; // work items per row tile (weight-row blocks)
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_DEVICE 1
+#endif
+
+#ifdef WG_DEVICE
+// A stage is overwritten two tiles after it was read (every warpgroup has then retired that
+// tile's wgmma group, see k_tile), so loads run STAGES - 2 tiles ahead.
+constexpr int WG_DIST = WG_STAGES - 2;
+
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads/writes across the asynchronous MMAs.
+template <int ND> __device__ __forceinline__ void fence_acc(float (&d)[ND]) {
+#pragma unroll
+    for (int i = 0; i < ND; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Descriptor of a K-major bf16 tile with 128-byte rows, 128-byte swizzle, 8-row groups 1024
+// bytes apart (the tile base is 1024-byte aligned; k steps of 16 add 32 bytes to the start).
+__device__ __forceinline__ uint64_t act_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+// 16 bytes global -> shared (shared address already converted).
+__device__ __forceinline__ void cp_async16_s(uint32_t saddr, const void *g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(g));
+}
+
+__device__ __forceinline__ float silu_f(float x) {
+    return x / (1.f + __expf(-x));
+}
+
+// A work item: up to 256 rows (tokens) of one expert times 128 weight rows (block `by`).
+struct item_t {
+    int expert, row0, nrows, by;
+};
+
+template <int MB>
+__device__ __forceinline__ bool get_item(const wg_params &p, int n_mtiles, int item, item_t &it) {
+    constexpr int WG_TOK = wg_shape<MB>::TOK;
+    const int mt = item / p.ny;
+    if (mt >= n_mtiles) return false;
+    it.by = item - mt * p.ny;
+    if (p.tiles) {
+        it.expert = p.tiles[3 * mt];
+        it.row0 = p.tiles[3 * mt + 1];
+        it.nrows = p.tiles[3 * mt + 2] - it.row0;
+    } else {
+        it.expert = 0;
+        it.row0 = mt * WG_TOK;
+        it.nrows = min(WG_TOK, p.M - it.row0);
+    }
+    return true;
+}
+
+// Item row v -> matrix (0 gate or the only one, 1 up) and its row. SwiGLU items cover ROWS / 2
+// features with gate and up rows interleaved by 8 (as in gemm_q.cu), so a thread's accumulator
+// rows r and r + 8 are the gate and up of one feature.
+template <int MB> __device__ __forceinline__ int row_of(const wg_params &p, int by, int v, int &m) {
+    if (p.epi == EPI_SWIGLU_BF16) {
+        m = (v >> 3) & 1;
+        return by * (wg_shape<MB>::ROWS / 2) + (v >> 4) * 8 + (v & 7);
+    }
+    m = 0;
+    return by * wg_shape<MB>::ROWS + v;
+}
+
+// Per-thread state of the loads and of the dequantization.
+template <int MB> struct wg_ctx {
+    uint32_t smem;   // shared address of stage 0
+    uint32_t sbuf;   // shared address of the scales [ROWS][ng] bf16, then the biases
+    uint32_t act_st; // this thread's activation chunk: swizzled byte offset inside a stage
+    uint32_t a_off[wg_shape<MB>::TOK / 32];
+    int n_act;             // activation chunks this thread copies per tile
+    const uint8_t *wq[MB]; // this thread's packed-weight chunks (k-tile 0)
+    uint32_t wq_st[MB];
+    bool wq_ok[MB];
+    const uint8_t *sb_src[MB]; // this thread's scale or bias rows (cp.async staging)
+    bool sb_ok[MB];
+    int ng, r0;   // groups per row; first of this thread's weight rows (r0, r0 + 8, + 64 ...)
+    uint32_t sel; // byte_perm selector: byte t of two words
+};
+
+// Load-side state for item `it` (gathered activation rows, weight and scale rows).
+template <int MB>
+__device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<MB> &c, const item_t &it) {
+    constexpr int ROWS = wg_shape<MB>::ROWS, TOK = wg_shape<MB>::TOK;
+    const int tid = threadIdx.x;
+    const int tok0 = tid >> 3, ch = tid & 7;
+    c.n_act = (it.nrows - tok0 + 31) / 32;
+#pragma unroll
+    for (int i = 0; i < TOK / 32; i++) {
+        const int r = it.row0 + min(tok0 + 32 * i, it.nrows - 1);
+        c.a_off[i] = (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
+    }
+#pragma unroll
+    for (int i = 0; i < MB; i++) {
+        // packed weights: chunk (tid + 256 i) = half (16 bytes) of item row (tid + 256 i) / 2
+        const int idx = tid + WG_THREADS * i, v = idx >> 1;
+        int m;
+        const int n = row_of<MB>(p, it.by, v, m);
+        c.wq_ok[i] = n < p.N;
+        c.wq[i] =
+            p.w[m] + it.expert * p.ms[m] + (size_t)(c.wq_ok[i] ? n : 0) * p.rs[m] + (idx & 1) * 16;
+        c.wq_st[i] = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
+        // scales: row-copy (tid + 256 i) is row % ROWS of the scales (first ROWS) or the biases
+        const int vs = idx % ROWS, ns = row_of<MB>(p, it.by, vs, m);
+        c.sb_ok[i] = ns < p.N;
+        c.sb_src[i] = (idx < ROWS ? p.sc[m] : p.bi[m]) + it.expert * p.sbms[m] +
+                      (size_t)(c.sb_ok[i] ? ns : 0) * p.sbrs[m];
+    }
+}
+
+template <int MB>
+__device__ __forceinline__ void load_tile(const wg_ctx<MB> &c, const bf16 *A, int kt) {
+    const uint32_t st = c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE;
+#pragma unroll
+    for (int i = 0; i < wg_shape<MB>::TOK / 32; i++)
+        if (i < c.n_act) cp_async16_s(st + c.act_st + i * 32 * 128, A + c.a_off[i] + kt * 64);
+#pragma unroll
+    for (int i = 0; i < MB; i++)
+        if (c.wq_ok[i]) cp_async16_s(st + wg_shape<MB>::ACT + c.wq_st[i], c.wq[i] + kt * 32);
+}
+
+// First WG_DIST tiles of an item and its scales/biases (with tile 0). The caller has made sure
+// no warpgroup still reads the stages or the scales.
+template <int MB>
+__device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<MB> &c,
+                                         const item_t &it) {
+    constexpr int WG_ROWS = wg_shape<MB>::ROWS;
+    const int tid = threadIdx.x, KT = p.K / 64;
+    if (p.sb_async) {
+#pragma unroll
+        for (int i = 0; i < MB; i++) {
+            if (!c.sb_ok[i]) continue;
+            const int idx = tid + WG_THREADS * i; // (scale rows, then bias rows) x ng * 2 bytes
+            const uint32_t dst = c.sbuf + idx * c.ng * 2;
+            for (int ch = 0; ch < c.ng / 8; ch++)
+                cp_async16_s(dst + ch * 16, c.sb_src[i] + ch * 16);
+        }
+    } else { // odd shapes (tests): plain loads
+        for (int i = tid; i < c.ng * WG_ROWS; i += WG_THREADS) {
+            const int v = i / c.ng, gi = i % c.ng;
+            int m;
+            const int n = row_of<MB>(p, it.by, v, m);
+            uint16_t s = 0, b = 0;
+            if (n < p.N) {
+                const size_t off = it.expert * p.sbms[m] + (size_t)n * p.sbrs[m] + gi * 2;
+                s = *reinterpret_cast<const uint16_t *>(p.sc[m] + off);
+                b = *reinterpret_cast<const uint16_t *>(p.bi[m] + off);
+            }
+            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + i * 2), "h"(s));
+            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + (WG_ROWS * c.ng + i) * 2),
+                         "h"(b));
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < WG_DIST; s++) {
+        if (s < KT) load_tile(c, p.A, s);
+        cp_async_commit();
+    }
+}
+
+__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
+    uint16_t v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+    return v;
+}
+
+// Dequantizes this thread's share of the 64 x 64 weight tile of its warpgroup into the wgmma A
+// fragments of the 4 k-steps: rows r0 and r0 + 8, k = 2t, 2t+1, 2t+8, 2t+9 of each step (t = lane
+// % 4). MLX packs k = 8j .. 8j+7 into word j (k = 8j + i in bits 4i), so the 4 values a thread
+// needs from word j are its byte t: a byte_perm gathers byte t of both rows' word j, the LOP3
+// trick builds 128 + q as bf16 pairs, one subtract (exact) and one bf16x2 FMA per pair apply the
+// rows' scales and biases (rounded once, as the reference's f32 FMA rounded to bf16).
+template <int MB>
+__device__ __forceinline__ void dequant(const wg_ctx<MB> &c, int kt, int group, int mb,
+                                        uint32_t (&a)[16]) {
+    constexpr int WG_ROWS = wg_shape<MB>::ROWS;
+    const uint32_t st =
+        c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE + wg_shape<MB>::ACT;
+    uint32_t w0[8], w1[8];
+    const int r0 = c.r0 + 64 * mb, r1 = r0 + 8;
+    // row r's chunk h sits at chunk h ^ ((r >> 2) & 1): the 8 rows a warp reads hit all 32 banks
+    const uint32_t x0 = ((r0 >> 2) & 1) << 4;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(w0[0]), "=r"(w0[1]), "=r"(w0[2]), "=r"(w0[3])
+                 : "r"(st + r0 * 32 + x0));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(w0[4]), "=r"(w0[5]), "=r"(w0[6]), "=r"(w0[7])
+                 : "r"(st + r0 * 32 + (16 ^ x0)));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(w1[0]), "=r"(w1[1]), "=r"(w1[2]), "=r"(w1[3])
+                 : "r"(st + r1 * 32 + x0));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(w1[4]), "=r"(w1[5]), "=r"(w1[6]), "=r"(w1[7])
+                 : "r"(st + r1 * 32 + (16 ^ x0)));
+    const int g = kt * 64 / group;
+    const uint32_t sa = c.sbuf + (r0 * c.ng + g) * 2, sb = sa + 8 * c.ng * 2,
+                   ba = sa + WG_ROWS * c.ng * 2, bb = sb + WG_ROWS * c.ng * 2;
+    const uint32_t s2u = __byte_perm(lds_u16(sa), lds_u16(sb), 0x5410);
+    const uint32_t b2u = __byte_perm(lds_u16(ba), lds_u16(bb), 0x5410);
+    const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162 *>(&s2u);
+    const __nv_bfloat162 b2 = *reinterpret_cast<const __nv_bfloat162 *>(&b2u);
+    const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uint32_t y = __byte_perm(w0[j], w1[j], c.sel);  // (byte t of row r0, of row r1)
+        uint32_t lo = (y & 0x000F000Fu) | 0x43004300u;        // k = 8j + 2t of both rows
+        uint32_t hi = ((y >> 4) & 0x000F000Fu) | 0x43004300u; // k = 8j + 2t + 1
+        __nv_bfloat162 l2 = *reinterpret_cast<__nv_bfloat162 *>(&lo);
+        __nv_bfloat162 h2 = *reinterpret_cast<__nv_bfloat162 *>(&hi);
+        l2 = __hfma2(__hsub2(l2, m128), s2, b2);
+        h2 = __hfma2(__hsub2(h2, m128), s2, b2);
+        lo = *reinterpret_cast<uint32_t *>(&l2);
+        hi = *reinterpret_cast<uint32_t *>(&h2);
+        // word j is k-step j / 2; even words are fragment registers 0 (row r0) and 1 (row r0 + 8),
+        // odd words (k + 8) registers 2 and 3
+        a[(j >> 1) * 4 + (j & 1) * 2] = __byte_perm(lo, hi, 0x5410);
+        a[(j >> 1) * 4 + (j & 1) * 2 + 1] = __byte_perm(lo, hi, 0x7632);
+    }
+}
+
+// One k-tile: wait for its stage, start the load of tile kt + DIST, dequantize into `a` while the
+// previous tile's wgmmas (reading the other register set) run, retire those, issue 4 wgmmas.
+// Retiring with wait_group 0 right before the issue (not wait_group 1 at the top) is what lets
+// ptxas see that no in-flight wgmma reads `a`; otherwise it serializes every wgmma (C7513).
+template <int MB, int NT>
+__device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<MB> &c, int kt, int KT,
+                                       uint32_t (&a)[MB][16], float (&acc)[MB][NT / 2]) {
+    cp_async_wait<WG_DIST - 1>();
+    fence_proxy_async();
+    // Both warpgroups have retired tile kt - 2 (at their previous tile), so its stage is free.
+    __syncthreads();
+    if (kt + WG_DIST < KT) load_tile(c, p.A, kt + WG_DIST);
+    cp_async_commit(); // (empty near the end: keeps the group count uniform)
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) dequant<MB>(c, kt, p.group, mb, a[mb]);
+    // descriptors too are wgmma inputs: define them before the fence
+    const uint64_t d0 = act_desc(c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE);
+    wg_wait<0>();
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) {
+            const uint32_t(&as)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&a[mb][4 * s]);
+            wgmma_rs<NT>::run(acc[mb], as, d0 + 2 * s); // + 32 bytes per k-step
+        }
+    }
+    wg_commit();
+}
+
+// One work item with an NT-wide token tile: the k loop, then the epilogue from the accumulators.
+template <int MB, int NT>
+__device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<MB> &c,
+                                         const item_t &cur) {
+    constexpr int WG_ROWS = wg_shape<MB>::ROWS;
+    float acc[MB][NT / 2];
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+        for (int i = 0; i < NT / 2; i++) acc[mb][i] = 0.f;
+    uint32_t a0[MB][16], a1[MB][16];
+    const int KT = p.K / 64;
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+    // Register sets alternate strictly (no path reaches a set while its own wgmmas may still be
+    // in flight, or ptxas serializes): pairs of tiles, then the odd last one.
+    int kt = 0;
+    for (; kt + 1 < KT; kt += 2) {
+        k_tile<MB, NT>(p, c, kt, KT, a0, acc);
+        k_tile<MB, NT>(p, c, kt + 1, KT, a1, acc);
+    }
+    if (kt < KT) k_tile<MB, NT>(p, c, kt, KT, a0, acc);
+    wg_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+
+    // acc[mb][4j + 2h + e]: weight row r0 + 64 mb + 8h of the item, token 8j + 2t + e of the tile
+    const int lane = threadIdx.x & 31, t = lane & 3;
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) {
+        const int r0 = c.r0 + 64 * mb;
+        if (p.epi == EPI_ADD_F32) {
+            // all reads of C before any write: the compiler cannot prove that the elements
+            // differ, so interleaved read-add-writes would each wait for a memory round trip
+#pragma unroll
+            for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (8 * j >= cur.nrows) continue;
+                        const int tok = 8 * j + 2 * t + e, n = cur.by * WG_ROWS + r0 + 8 * h;
+                        if (tok < cur.nrows && n < p.N)
+                            acc[mb][4 * j + 2 * h + e] += static_cast<const float *>(
+                                p.C)[(size_t)(cur.row0 + tok) * p.ldc + n];
+                    }
+        }
+#pragma unroll
+        for (int j = 0; j < NT / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int tok = 8 * j + 2 * t + e;
+                if (tok >= cur.nrows) continue;
+                const size_t r = (size_t)(cur.row0 + tok) * p.ldc;
+                if (p.epi == EPI_SWIGLU_BF16) {
+                    // rows r0 (gate) and r0 + 8 (up) of one feature
+                    const int f = cur.by * (WG_ROWS / 2) + (r0 >> 4) * 8 + (r0 & 7);
+                    if (f < p.N)
+                        static_cast<bf16 *>(p.C)[r + f] =
+                            __float2bfloat16(silu_f(acc[mb][4 * j + e]) * acc[mb][4 * j + 2 + e]);
+                    continue;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int n = cur.by * WG_ROWS + r0 + 8 * h;
+                    const float v = acc[mb][4 * j + 2 * h + e];
+                    if (n >= p.N) continue;
+                    if (p.epi == EPI_BF16)
+                        static_cast<bf16 *>(p.C)[r + n] = __float2bfloat16(v);
+                    else
+                        static_cast<float *>(p.C)[r + n] = v; // EPI_F32, EPI_ADD_F32 (added above)
+                }
+            }
+        }
+    }
+}
+#endif // WG_DEVICE
+
+// One CTA per work item (row tile, weight-row block); in grouped mode the number of row tiles is
+// read on the device and surplus CTAs exit at once. (A persistent variant, one CTA per SM walking
+// the items and overlapping each epilogue with the next item's first loads, measured 2x slower:
+// with the item loop around the per-width k loops ptxas serializes the wgmmas, C7510/C7512.)
+template <int MB>
+__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(const wg_params p) {
+#ifdef WG_DEVICE
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int TOK = wg_shape<MB>::TOK;
+    const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
+    item_t cur;
+    if (!get_item<MB>(p, n_mtiles, blockIdx.x, cur)) return;
+
+    wg_ctx<MB> c;
+    // the 128-byte swizzle repeats every 1024 bytes: align the stages to that
+    c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
+    c.sbuf = c.smem + WG_STAGES * wg_shape<MB>::STAGE;
+    c.ng = p.K / p.group;
+    {
+        const int tok0 = tid >> 3, ch = tid & 7;
+        c.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4);
+    }
+    // thread (warpgroup q, warp w, lane g*4+t) owns item rows 64 MB q + 16w + g and + 8 (and
+    // + 64, + 72 for MB = 2)
+    c.r0 = (warp >> 2) * 64 * MB + (warp & 3) * 16 + (lane >> 2);
+    const uint32_t t = lane & 3;
+    c.sel = t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12);
+
+    setup_loads<MB>(p, c, cur);
+    prologue<MB>(p, c, cur);
+    // the token tile is the item's rows rounded up to 32: one instantiation per width
+    switch ((cur.nrows + 31) >> 5) {
+    case 1:
+        run_item<MB, 32>(p, c, cur);
+        break;
+    case 2:
+        run_item<MB, 64>(p, c, cur);
+        break;
+    case 3:
+        run_item<MB, 96>(p, c, cur);
+        break;
+    case 4:
+        run_item<MB, 128>(p, c, cur);
+        break;
+    case 5:
+        run_item<MB, (TOK < 160 ? TOK : 160)>(p, c, cur);
+        break;
+    case 6:
+        run_item<MB, (TOK < 192 ? TOK : 192)>(p, c, cur);
+        break;
+    case 7:
+        run_item<MB, (TOK < 224 ? TOK : 224)>(p, c, cur);
+        break;
+    default:
+        run_item<MB, TOK>(p, c, cur);
+        break;
+    }
+#else
+    (void)p;
+#endif
+}
+
+// 1 when the sm_90a body of the kernels is in this binary (a plain sm_90 or PTX-JIT build has
+// no wgmma).
+__global__ void wg_probe(int *out) {
+#ifdef WG_DEVICE
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+int g_force_path = 0;
+int g_rows = 0; // weight rows per work item: 128 (MB = 1), 256 (MB = 2), 0 = by the tile map
+
+} // namespace
+
+void pf_gemm_force_path(int path) {
+    g_force_path = path;
+}
+
+void pf_gemm_wg_rows(int rows) {
+    g_rows = rows == 256 || rows == 128 ? rows : 0;
+}
+
+int pf_gemm_wg_tokens() {
+    return g_rows == 256 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+}
+
+// Measured (bench/RESULTS.md, E = 256, k = 8): with 64 rows per expert (T = 2048) 256-row items
+// run the expert GEMMs at 200 TFLOP/s against 164 for 128-row items; with 128 rows (T = 4096) and
+// more, 128-row items win (261 vs 240 at 4K, 362 vs 312 at 32K), as on every dense shape.
+int pf_gemm_wg_group_bm(int avg_rows) {
+    if (g_rows) return pf_gemm_wg_tokens();
+    return avg_rows < 96 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+}
+
+bool pf_gemm_wg_available() {
+    static int avail = -1;
+    if (avail < 0) {
+        avail = 0;
+        int dev = 0, major = 0, minor = 0;
+        int *d = nullptr, h = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+            major == 9 && minor == 0 && cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+            wg_probe<<<1, 1>>>(d);
+            if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess && h == 1)
+                avail = 1;
+            cudaFree(d);
+        }
+        cudaGetLastError(); // a failed probe only means "not available"
+    }
+    return avail == 1 && g_force_path != 1;
+}
+
+bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const struct dmat *Wup,
+                     int ldc, enum gemm_epi epi, const struct gemm_group *grp) {
+    if (!pf_gemm_wg_available()) return false;
+    const struct dmat *ms[2] = {W, Wup ? Wup : W};
+    for (const struct dmat *m : ms) {
+        if (m->type != WT_Q4 || m->bits != 4 || m->group % 64 || m->cols != W->cols ||
+            m->rows != W->rows || ((uintptr_t)m->data % 16) || m->row_stride % 16 ||
+            (m->n > 1 && m->mat_stride % 16) || !m->scales || !m->biases || m->sb_row_stride % 2 ||
+            m->sb_mat_stride % 2 || ((uintptr_t)m->scales % 2) || ((uintptr_t)m->biases % 2))
+            return false;
+    }
+    const int K = W->cols;
+    return K % 64 == 0 && K / W->group <= MAX_GROUPS && lda % 8 == 0 && ((uintptr_t)A % 16) == 0 &&
+           (size_t)M * lda + K < (1u << 31) && (!grp || grp->bm <= pf_gemm_wg_tokens()) &&
+           (epi != EPI_SWIGLU_BF16 || Wup) && ldc > 0;
+}
+
+namespace {
+template <int MB>
+int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, struct wren_err *e) {
+    constexpr int ROWS = wg_shape<MB>::ROWS, TOK = wg_shape<MB>::TOK;
+    p.ny = p.epi == EPI_SWIGLU_BF16 ? (p.N + ROWS / 2 - 1) / (ROWS / 2) : (p.N + ROWS - 1) / ROWS;
+    const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
+    if (n_mtiles <= 0) return 0;
+    const int smem = 1024 + WG_STAGES * wg_shape<MB>::STAGE + (p.K / p.group) * ROWS * 4;
+    static int attr_smem = 0;
+    if (smem > attr_smem) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<MB>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr_smem = smem;
+    }
+    const long items = (long)n_mtiles * p.ny;
+    if (items >= (1L << 31)) return wren_errf(e, "gemm: too many tiles");
+    gemm_wg_kernel<MB><<<(unsigned)items, WG_THREADS, smem, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+} // namespace
+
+int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
+               const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
+               const struct gemm_group *grp, struct wren_err *e) {
+    wg_params p;
+    p.A = A;
+    p.lda = lda;
+    p.a_rows = grp ? grp->a_rows : nullptr;
+    p.M = M;
+    p.N = W->rows;
+    p.K = W->cols;
+    const struct dmat *ms[2] = {W, Wup ? Wup : W};
+    for (int i = 0; i < 2; i++) {
+        p.w[i] = ms[i]->data;
+        p.sc[i] = ms[i]->scales;
+        p.bi[i] = ms[i]->biases;
+        p.rs[i] = ms[i]->row_stride;
+        p.ms[i] = ms[i]->mat_stride;
+        p.sbrs[i] = ms[i]->sb_row_stride;
+        p.sbms[i] = ms[i]->sb_mat_stride;
+    }
+    p.group = W->group;
+    const int ng = p.K / p.group;
+    // scale/bias rows go by 16-byte cp.async when every row is whole, aligned chunks
+    p.sb_async = ng % 8 == 0;
+    for (int i = 0; i < 2; i++)
+        p.sb_async = p.sb_async && (uintptr_t)p.sc[i] % 16 == 0 && (uintptr_t)p.bi[i] % 16 == 0 &&
+                     p.sbrs[i] % 16 == 0 && (ms[i]->n <= 1 || p.sbms[i] % 16 == 0);
+    p.C = C;
+    p.ldc = ldc;
+    p.epi = (int)epi;
+    p.tiles = grp ? grp->tiles : nullptr;
+    p.n_tiles = grp ? grp->n_tiles : nullptr;
+    // 256-row items for grouped GEMMs whose tile map was made for them (small T, see
+    // pf_gemm_wg_group_bm), 128-row items otherwise
+    if (g_rows == 256 || (!g_rows && grp && grp->bm <= wg_shape<2>::TOK))
+        return launch<2>(s, p, grp, M, e);
+    return launch<1>(s, p, grp, M, e);
+}
