@@ -103,6 +103,8 @@ echo "synthesized in $(( $(date +%s) - t0 )) s"
 timeout 400 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 \
   --prefill 256,512,1024,2048,4096,8192,16384,32768,65536,131072 \
   --decode 256,1024,4096,16384,32768,65536,131072 --json "$out/bench.json" 2>&1
+echo "== decode GEMV kinds on the real shapes (us per launch, GB/s of weights)"
+timeout 120 ./cuda_checks/bench_decode_gemv 20 2>&1
 echo "== empty-graph node cost and decode breakdown"
 timeout 120 ./cuda_checks/check_decode_speed /dev/shm/m 4096 64 2>&1 | tail -25
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,memory.used --format=csv,noheader
