@@ -4,63 +4,21 @@
 // dependent launch, and the f32-activation kernels. Prints us per launch and GB/s of weights read.
 // usage: bench_decode_gemv [REPS]     bench_decode_gemv once   (each kind launched once, for ncu)
 #include "common_check.cuh"
+#include "rand_dev.cuh"
 
 namespace {
 
-__global__ void fill_words(uint32_t *w, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        w[i] = x;
-    }
-}
-__global__ void fill_u16(uint16_t *p, size_t n, uint16_t v) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        p[i] = v;
-}
-__global__ void fill_f(float *p, size_t n, float v) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        p[i] = v * (float)((i * 37) % 101) / 101.f - v / 2;
-}
-
 uint32_t g_seed = 1;
 
-// A stack of n random matrices [rows][cols] in MLX affine layout, group 64.
 struct dmat rand_mat(int n, int rows, int cols, int bits) {
-    struct dmat m;
-    memset(&m, 0, sizeof m);
-    m.type = bits == 8 ? WT_Q8 : WT_Q4;
-    m.n = n, m.rows = rows, m.cols = cols, m.bits = bits, m.group = 64;
-    m.row_stride = (size_t)cols * bits / 8;
-    m.mat_stride = m.row_stride * rows;
-    m.sb_row_stride = (size_t)cols / 64 * 2;
-    m.sb_mat_stride = m.sb_row_stride * rows;
-    uint8_t *d, *s, *b;
-    CK(cudaMalloc(&d, m.mat_stride * n));
-    CK(cudaMalloc(&s, m.sb_mat_stride * n));
-    CK(cudaMalloc(&b, m.sb_mat_stride * n));
-    fill_words<<<1024, 256>>>((uint32_t *)d, m.mat_stride * n / 4, g_seed++);
-    fill_u16<<<1024, 256>>>((uint16_t *)s, m.sb_mat_stride * n / 2, 0x3C00); // 2^-7
-    fill_u16<<<1024, 256>>>((uint16_t *)b, m.sb_mat_stride * n / 2, 0xBD80); // -1/16
-    CK(cudaGetLastError());
-    m.data = d, m.scales = s, m.biases = b;
-    return m;
+    return rand_qmat(n, rows, cols, bits, g_seed++ * 0x9E3779B9u, nullptr);
 }
 // bytes of n_used matrices of the stack (data, scales, biases)
 double mat_bytes(const struct dmat &m, int n_used) {
     return (double)(m.mat_stride + 2 * m.sb_mat_stride) * n_used;
 }
 float *dev_f(size_t n, float v) {
-    float *p;
-    CK(cudaMalloc(&p, n * sizeof(float)));
-    fill_f<<<256, 256>>>(p, n, v);
-    CK(cudaGetLastError());
-    return p;
+    return rand_fvec(n, 0.f, v, g_seed++ * 0x85EBCA6Bu);
 }
 
 struct gemv_seg seg(const struct dmat &m, int epi, float *out) {
@@ -211,7 +169,7 @@ int main(int argc, char **argv) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     if (once) {
-        gemv_params *ps[] = {&s.in_proj, &s.out_proj, &s.qkv,     &s.o_proj,
+        gemv_params *ps[] = {&s.in_proj, &s.out_proj, &s.qkv,    &s.o_proj,
                              &s.router,  &s.gate_up,  &s.lm_head};
         for (gemv_params *p : ps) {
             gemv_params q = *p;

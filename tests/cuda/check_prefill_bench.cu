@@ -6,69 +6,18 @@
 #include <algorithm>
 
 #include "check_prefill_util.cuh"
+#include "rand_dev.cuh"
 
 namespace {
-
-__global__ void fill_words(uint32_t *w, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        w[i] = x;
-    }
-}
-// scales/biases for 2^bits levels so that weights are ~ uniform in [-amp, amp]
-__global__ void fill_sb(bf16 *s, bf16 *b, size_t n, float amp, int levels) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float sc = 2.f * amp / (levels - 1);
-        s[i] = __float2bfloat16(sc);
-        b[i] = __float2bfloat16(-amp);
-    }
-}
-__global__ void fill_f(float *p, size_t n, float base, float var, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        p[i] = base + var * ((x & 0xFFFF) / 65536.f - 0.5f);
-    }
-}
 
 uint32_t g_seed = 1;
 size_t g_bytes = 0;
 
 struct dmat qm(int n, int rows, int cols, int bits) {
-    struct dmat d;
-    memset(&d, 0, sizeof d);
-    d.type = bits == 4 ? WT_Q4 : WT_Q8;
-    d.n = n, d.rows = rows, d.cols = cols, d.bits = bits, d.group = 64;
-    d.row_stride = (size_t)cols * bits / 8;
-    d.mat_stride = d.row_stride * rows;
-    d.sb_row_stride = (size_t)cols / 64 * 2;
-    d.sb_mat_stride = d.sb_row_stride * rows;
-    uint8_t *data, *s, *b;
-    CK(cudaMalloc(&data, d.mat_stride * n));
-    CK(cudaMalloc(&s, d.sb_mat_stride * n));
-    CK(cudaMalloc(&b, d.sb_mat_stride * n));
-    g_bytes += d.mat_stride * n + 2 * d.sb_mat_stride * n;
-    fill_words<<<1024, 256>>>((uint32_t *)data, d.mat_stride * n / 4, g_seed++ * 0x9E3779B9u);
-    fill_sb<<<1024, 256>>>((bf16 *)s, (bf16 *)b, d.sb_mat_stride * n / 2, 1.7f / sqrtf((float)cols),
-                           1 << bits);
-    CK(cudaGetLastError());
-    d.data = data, d.scales = s, d.biases = b;
-    return d;
+    return rand_qmat(n, rows, cols, bits, g_seed++ * 0x9E3779B9u, &g_bytes);
 }
 const float *fv(size_t n, float base, float var) {
-    float *p;
-    CK(cudaMalloc(&p, n * 4));
-    fill_f<<<256, 256>>>(p, n, base, var, g_seed++ * 0x85EBCA6Bu);
-    CK(cudaGetLastError());
-    return p;
+    return rand_fvec(n, base, var, g_seed++ * 0x85EBCA6Bu);
 }
 
 } // namespace

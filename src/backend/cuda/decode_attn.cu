@@ -63,6 +63,25 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     }
 }
 
+// Context slice [start, end) of split sidx: the length (read on the device) is cut into p.splits
+// slices rounded up to ATT_TILE tokens. An empty slice writes the neutral partial (m = -inf, l = 0)
+// for its G heads and returns false.
+static __device__ __forceinline__ int attn_chunk(int L, int splits) {
+    const int chunk = (L + splits - 1) / splits;
+    return (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+}
+static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, int sidx, int G,
+                                                  float *part, int &start, int &end) {
+    const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);
+    start = sidx * chunk, end = min(L, start + chunk);
+    if (start < end) return true;
+    if ((int)threadIdx.x < G)
+        part[(size_t)threadIdx.x * (p.hd + 2) + p.hd] = -INFINITY,
+                                                part[(size_t)threadIdx.x * (p.hd + 2) + p.hd + 1] =
+                                                    0.f;
+    return false;
+}
+
 template <int DPL> struct kvec;
 template <> struct kvec<2> { using T = uint32_t; };
 template <> struct kvec<4> { using T = uint2; };
@@ -93,17 +112,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
               lane = tid & 31;
     pdl_trigger();
     pdl_wait();
-    const int L = *p.pos + 1;
-    int chunk = (L + p.splits - 1) / p.splits;
-    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    const int start = sidx * chunk, end = min(L, start + chunk);
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (HD + 2);
-    if (start >= end) {
-        if (tid < G)
-            part[(size_t)tid * (HD + 2) + HD] = -INFINITY,
-                                          part[(size_t)tid * (HD + 2) + HD + 1] = 0.f;
-        return;
-    }
+    int start, end;
+    if (!attn_slice(p, sidx, G, part, start, end)) return;
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         qs[i / HD][i % HD] = p.q_ws[((size_t)kvh * G + i / HD) * HD + i % HD];
         obuf[i / HD][i % HD] = 0.f;
@@ -259,17 +270,9 @@ __global__ void __launch_bounds__(AM_NW * 32)
     __nv_bfloat16 *kvw = Ql + 16 * AM_HD + (size_t)warp * NS * 2 * AM_KT * AM_HD;
     pdl_trigger();
     pdl_wait();
-    const int L = *p.pos + 1;
-    int chunk = (L + p.splits - 1) / p.splits;
-    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    const int start = sidx * chunk, end = min(L, start + chunk);
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
-    if (start >= end) {
-        if (tid < G)
-            part[(size_t)tid * (AM_HD + 2) + AM_HD] = -INFINITY,
-                                             part[(size_t)tid * (AM_HD + 2) + AM_HD + 1] = 0.f;
-        return;
-    }
+    int start, end;
+    if (!attn_slice(p, sidx, G, part, start, end)) return;
     const int ntiles = (end - start + AM_KT - 1) / AM_KT;
     const size_t rowst = (size_t)p.n_kv * AM_HD;
     const __nv_bfloat16 *kc = reinterpret_cast<const __nv_bfloat16 *>(p.kc) + (size_t)kvh * AM_HD,
@@ -438,9 +441,7 @@ __global__ void attn_combine_kernel(const __grid_constant__ struct attn_params p
     pdl_wait();
     const int h = blockIdx.x, tid = threadIdx.x, hd = p.hd, lane = tid & 31, warp = tid >> 5;
     const int nw = blockDim.x >> 5;
-    const int L = *p.pos + 1;
-    int chunk = (L + p.splits - 1) / p.splits;
-    chunk = (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);
     const int nact = min(p.splits, (L + chunk - 1) / chunk);
     const size_t stride = (size_t)p.n_heads * (hd + 2);
     const float *ph = p.part + (size_t)h * (hd + 2);
