@@ -7,17 +7,7 @@
 
 #include "text/tokenizer.h"
 #include "util/util.h"
-
-static int failures;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static char dir[256];
 
@@ -250,9 +240,5 @@ int main(int argc, char **argv) {
         tokenizer_free(t);
     }
     rmdir(dir);
-    if (failures)
-        fprintf(stderr, "%d failures\n", failures);
-    else
-        printf("bad_tokenizer: all checks passed\n");
-    return failures != 0;
+    return check_finish("bad_tokenizer");
 }

@@ -1,7 +1,6 @@
 // The output parser on known replies: reasoning split, content, tool calls with typed args.
 #include "chat_events.h"
-
-static int failures;
+#include "check.h"
 
 static cJSON *tools;
 
@@ -99,9 +98,5 @@ int main(void) {
         failures++;
     }
     cJSON_Delete(tools);
-    if (failures)
-        fprintf(stderr, "%d failure(s)\n", failures);
-    else
-        printf("chat_parser: all checks passed\n");
-    return failures != 0;
+    return check_finish("chat_parser");
 }

@@ -6,17 +6,7 @@
 
 #include "text/tokenizer.h"
 #include "text/utf8.h"
-
-static int failures;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static int32_t byte_tok[256];
 
@@ -145,9 +135,5 @@ int main(int argc, char **argv) {
         CHECK(utf8_valid_prefix(streamed, ks) == ks, "round %d: output is not valid UTF-8", round);
     }
     tokenizer_free(t);
-    if (failures)
-        fprintf(stderr, "%d failures\n", failures);
-    else
-        printf("detok: all checks passed\n");
-    return failures != 0;
+    return check_finish("detok");
 }

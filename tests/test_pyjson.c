@@ -8,8 +8,7 @@
 
 #include "text/chat.h"
 #include "util/pyjson.h"
-
-static int failures;
+#include "check.h"
 
 static void expect(const char *what, const char *got, const char *want) {
     if (strcmp(got, want)) {
@@ -100,9 +99,5 @@ int main(void) {
     free(b);
     cJSON_Delete(exact);
     cJSON_Delete(plain);
-    if (failures)
-        fprintf(stderr, "%d failure(s)\n", failures);
-    else
-        printf("pyjson: all checks passed\n");
-    return failures != 0;
+    return check_finish("pyjson");
 }

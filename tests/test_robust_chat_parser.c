@@ -2,8 +2,7 @@
 // chunked (every split point, byte by byte, random chunks), partial tags must never reach the
 // caller early, and garbage must neither crash it nor grow its memory without bound.
 #include "chat_events.h"
-
-static int failures;
+#include "check.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) { // xorshift64*
@@ -157,9 +156,5 @@ int main(void) {
     }
     check_bounded();
     cJSON_Delete(tools);
-    if (failures)
-        fprintf(stderr, "%d failure(s)\n", failures);
-    else
-        printf("robust_chat_parser: all checks passed\n");
-    return failures != 0;
+    return check_finish("robust_chat_parser");
 }

@@ -6,17 +6,7 @@
 #include <unistd.h>
 
 #include "engine/gen_config.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static int parse(const char *json, struct gen_config *gc, struct wren_err *e) {
     return gen_config_parse(json, strlen(json), "generation_config.json", gc, e);
@@ -82,7 +72,5 @@ int main(void) {
     unlink(path);
     rmdir(dir);
 
-    if (failures) return 1;
-    printf("gen_config: all checks passed\n");
-    return 0;
+    return check_finish("gen_config");
 }

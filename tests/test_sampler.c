@@ -8,17 +8,7 @@
 
 #include "engine/sampler.h"
 #include "util/util.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 // Test-only generator, independent of the sampler's own PRNG.
 static uint64_t lcg = 12345;
@@ -345,10 +335,5 @@ int main(void) {
     test_determinism();
     test_distribution();
     test_large_vocab();
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("sampler: all checks passed\n");
-    return 0;
+    return check_finish("sampler");
 }
