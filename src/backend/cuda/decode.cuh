@@ -49,7 +49,7 @@ struct gemv_params {
     const float *logits;
     int *ids;
     float *wts;
-    unsigned *counter; // zero between launches (the finisher resets it)
+    unsigned *counter;         // zero between launches (the finisher resets it)
     int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
 };
 
@@ -63,13 +63,13 @@ int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
 struct decode_config {
     int sm_count;
     size_t smem_optin;
-    bool pdl;         // programmatic dependent launch between the step's kernels (sm_90+)
-    bool f32_gemv;    // force the f32-activation GEMV/MoE-down kernels (comparison runs)
+    bool pdl;      // programmatic dependent launch between the step's kernels (sm_90+)
+    bool f32_gemv; // force the f32-activation GEMV/MoE-down kernels (comparison runs)
 };
 void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);
-void qgemv_configure(int sm_count, bool pdl);
-bool qgemv_pdl(void);
+bool decode_pdl(void); // launch the decode kernels with programmatic dependent launch
+void qgemv_set_sm_count(int sm_count);
 void attn_set_device(int sm_count, size_t smem_optin);
 
 // ---- MoE: down projections of the routed experts + shared expert, weighted sum into x ----------

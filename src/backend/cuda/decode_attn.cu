@@ -485,31 +485,14 @@ __global__ void attn_combine_kernel(const __grid_constant__ struct attn_params p
 
 template <int HD>
 static int split_launch(const struct attn_params *p, int G, cudaStream_t s, struct wren_err *e) {
-    dim3 grid(p->n_kv, p->splits);
-    switch (G) {
-    case 1:
-        CUDA_CHECK(
-            pdl_launch(attn_split_kernel<HD, 1>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
-        break;
-    case 2:
-        CUDA_CHECK(
-            pdl_launch(attn_split_kernel<HD, 2>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
-        break;
-    case 4:
-        CUDA_CHECK(
-            pdl_launch(attn_split_kernel<HD, 4>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
-        break;
-    case 8:
-        CUDA_CHECK(
-            pdl_launch(attn_split_kernel<HD, 8>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
-        break;
-    case 16:
-        CUDA_CHECK(
-            pdl_launch(attn_split_kernel<HD, 16>, grid, dim3(ATT_THREADS), 0, s, qgemv_pdl(), *p));
-        break;
-    default:
-        return wren_errf(e, "attention: %d query heads per KV head is not 1, 2, 4, 8 or 16", G);
-    }
+    void (*k)(const struct attn_params) = G == 1    ? attn_split_kernel<HD, 1>
+                                          : G == 2  ? attn_split_kernel<HD, 2>
+                                          : G == 4  ? attn_split_kernel<HD, 4>
+                                          : G == 8  ? attn_split_kernel<HD, 8>
+                                          : G == 16 ? attn_split_kernel<HD, 16>
+                                                    : nullptr;
+    if (!k) return wren_errf(e, "attention: %d query heads per KV head is not 1, 2, 4, 8 or 16", G);
+    CUDA_CHECK(pdl_launch(k, dim3(p->n_kv, p->splits), dim3(ATT_THREADS), 0, s, decode_pdl(), *p));
     return 0;
 }
 
@@ -529,7 +512,8 @@ static int attn_mma_launch(struct attn_params *q, int G, cudaStream_t s, struct 
     const int per_sm = (int)(g_att_smem / smem) < 1 ? 1 : (int)(g_att_smem / smem);
     const int sp = per_sm * g_att_sms / q->n_kv;
     if (sp >= 1 && sp < q->splits) q->splits = sp;
-    CUDA_CHECK(pdl_launch(k, dim3(q->n_kv, q->splits), dim3(AM_NW * 32), smem, s, qgemv_pdl(), *q));
+    CUDA_CHECK(
+        pdl_launch(k, dim3(q->n_kv, q->splits), dim3(AM_NW * 32), smem, s, decode_pdl(), *q));
     return 0;
 }
 
@@ -543,7 +527,7 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
     const int G = p->n_heads / p->n_kv;
     int thr = (p->hd + 31) / 32 * 32;
     CUDA_CHECK(pdl_launch(attn_prep_kernel, dim3(p->n_heads + p->n_kv), dim3(thr),
-                          p->hd * sizeof(float), s, qgemv_pdl(), *p));
+                          p->hd * sizeof(float), s, decode_pdl(), *p));
     struct attn_params q = *p; // the tensor-core path may use fewer splits
     int rc;
     if (p->hd == AM_HD && (G == 16 || G == 8)) {
@@ -564,7 +548,7 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
         }
     }
     if (rc) return rc;
-    CUDA_CHECK(pdl_launch(attn_combine_kernel, dim3(p->n_heads), dim3(thr), 0, s, qgemv_pdl(), q));
+    CUDA_CHECK(pdl_launch(attn_combine_kernel, dim3(p->n_heads), dim3(thr), 0, s, decode_pdl(), q));
     return 0;
 }
 

@@ -121,6 +121,6 @@ int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren
         return wren_errf(e, "deltanet: d_k %d is not 8, 16, 32, 64, 128 or 256", p->dk);
     }
     dim3 grid(p->v_heads, (p->dv + 31) / 32);
-    CUDA_CHECK(pdl_launch(k, grid, dim3(DN_WARPS * 32), 0, s, qgemv_pdl(), *p));
+    CUDA_CHECK(pdl_launch(k, grid, dim3(DN_WARPS * 32), 0, s, decode_pdl(), *p));
     return 0;
 }

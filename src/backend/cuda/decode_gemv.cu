@@ -8,13 +8,18 @@
 static int g_sm_count = 132;
 static size_t g_smem_optin = 48 * 1024;
 static bool g_f32_gemv;
+static bool g_pdl;
 
 void decode_configure(const struct decode_config *c) {
     g_sm_count = c->sm_count;
     g_smem_optin = c->smem_optin;
     g_f32_gemv = c->f32_gemv;
+    g_pdl = c->pdl;
     attn_set_device(c->sm_count, c->smem_optin);
-    qgemv_configure(c->sm_count, c->pdl);
+    qgemv_set_sm_count(c->sm_count);
+}
+bool decode_pdl(void) {
+    return g_pdl;
 }
 bool decode_f32_gemv(void) {
     return g_f32_gemv;
@@ -59,79 +64,6 @@ static __device__ void load_x(float *xs, float *hs, const struct gemv_params &p,
             xs[xpad(i)] = p.norm_w ? x[i] * scale * p.norm_w[i] : x[i];
     }
     __syncthreads();
-}
-
-static __device__ __forceinline__ uint4 ldw(const uint8_t *p) {
-    return __ldg(reinterpret_cast<const uint4 *>(p));
-}
-
-// R row dot products: rows given by their data/scale/bias pointers (rows may come from different
-// matrices of the same format). Thread t of the row group handles chunks t, t + TPR, ...
-template <int BITS, int R, int TPR>
-static __device__ __forceinline__ void rows_dot(const uint8_t *const (&rp)[R],
-                                                const uint16_t *const (&sp)[R],
-                                                const uint16_t *const (&bp)[R], int group,
-                                                const float *xs, int C, int t, float (&acc)[R]) {
-    constexpr int EPC = wfmt<BITS>::EPC;
-#pragma unroll 2
-    for (int c = t; c < C; c += TPR) {
-        uint4 w[R];
-        float s[R], b[R];
-#pragma unroll
-        for (int i = 0; i < R; i++) w[i] = ldw(rp[i] + (size_t)c * 16);
-        if constexpr (BITS != 16) {
-            int g = c * EPC / group;
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                s[i] = bf16_bits_to_f32(__ldg(sp[i] + g));
-                b[i] = bf16_bits_to_f32(__ldg(bp[i] + g));
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < R; i++) s[i] = b[i] = 0.f;
-        }
-        dot_chunk<BITS, R>(w, s, b, xs + xpad(c * EPC), acc);
-    }
-}
-
-// Sums acc over the TPR threads of a row group; every thread of the group gets the totals.
-template <int R, int TPR>
-static __device__ __forceinline__ void group_reduce(float (&acc)[R], float *red) {
-    constexpr int W = TPR < 32 ? TPR : 32;
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int o = W / 2; o; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-    if constexpr (TPR > 32) {
-        constexpr int NW = TPR / 32;
-        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < R; i++) red[warp * R + i] = acc[i];
-        __syncthreads();
-        int w0 = warp / NW * NW;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            float v = 0.f;
-#pragma unroll
-            for (int k = 0; k < NW; k++) v += red[(w0 + k) * R + i];
-            acc[i] = v;
-        }
-        __syncthreads();
-    }
-}
-
-static __device__ __forceinline__ void row_ptrs(const struct dmat &m, int mat, int row,
-                                                const uint8_t *&rp, const uint16_t *&sp,
-                                                const uint16_t *&bp) {
-    rp = m.data + (size_t)mat * m.mat_stride + (size_t)row * m.row_stride;
-    if (m.type != WT_BF16) {
-        size_t o = (size_t)mat * m.sb_mat_stride + (size_t)row * m.sb_row_stride;
-        sp = reinterpret_cast<const uint16_t *>(m.scales + o);
-        bp = reinterpret_cast<const uint16_t *>(m.biases + o);
-    } else {
-        sp = bp = nullptr;
-    }
 }
 
 template <int BITS, int R, int TPR>
@@ -200,24 +132,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     if (p->nseg < 1 || p->nseg > GEMV_MAXSEG)
         return wren_errf(e, "gemv: bad segment count %d", p->nseg);
-    for (int i = 0; i < p->nseg; i++)
-        if (p->seg[i].a.cols != p->cols)
-            return wren_errf(e, "gemv: matrix of %d columns cannot read an input of %d",
-                             p->seg[i].a.cols, p->cols);
-    if (!g_f32_gemv && qgemv_eligible(p)) return qgemv_launch(p, s, e);
-    int cmax = 0;
-    long groups_total = 0;
     for (int i = 0; i < p->nseg; i++) {
         const struct gemv_seg *g = &p->seg[i];
-        int bits = dmat_bits(g->a.type, g->a.bits);
-        int epc = 128 / bits;
-        if (g->a.cols != p->cols || p->cols % epc)
+        const int bits = dmat_bits(g->a.type, g->a.bits);
+        if (g->a.cols != p->cols || p->cols % (128 / bits))
             return wren_errf(e, "gemv: matrix of %d columns (%d-bit) cannot read an input of %d",
                              g->a.cols, bits, p->cols);
         if (g->epi == EPI_SWIGLU &&
             (g->b.type != g->a.type || g->b.bits != g->a.bits || g->b.group != g->a.group))
             return wren_errf(e, "gemv: gate and up projections must share one format");
-        int c = p->cols / epc;
+    }
+    if (!g_f32_gemv && qgemv_eligible(p)) return qgemv_launch(p, s, e);
+    int cmax = 0;
+    long groups_total = 0;
+    for (int i = 0; i < p->nseg; i++) {
+        const struct gemv_seg *g = &p->seg[i];
+        int c = p->cols / (128 / dmat_bits(g->a.type, g->a.bits));
         if (c > cmax) cmax = c;
         groups_total += (g->rows + 3) / 4 * (g->epi == EPI_SWIGLU ? 2 : 1);
     }

@@ -30,7 +30,7 @@ __global__ void embed_kernel(const struct dmat m, const int32_t *tok, float *x) 
 
 int embed_launch(const struct dmat *emb, const int32_t *tok, float *x, cudaStream_t s,
                  struct wren_err *e) {
-    CUDA_CHECK(pdl_launch(embed_kernel, dim3((emb->cols + 255) / 256), dim3(256), 0, s, qgemv_pdl(),
-                          *emb, tok, x));
+    CUDA_CHECK(pdl_launch(embed_kernel, dim3((emb->cols + 255) / 256), dim3(256), 0, s,
+                          decode_pdl(), *emb, tok, x));
     return 0;
 }

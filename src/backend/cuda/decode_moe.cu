@@ -2,45 +2,21 @@
 // The routing weights (and the shared expert's sigmoid gate) are already folded into act by the
 // gate/up launch, so this is one long dot product per output row over the concatenated slots:
 // every thread streams (slot, chunk) pairs of R rows, and the expert ids never leave the GPU.
-#include "backend/cuda/decode.cuh"
+#include "backend/cuda/gemv_dev.cuh"
 
 #define MOE_THREADS 256
 #define MOE_R       4
-
-static __device__ __forceinline__ uint4 ldw16(const uint8_t *p) {
-    return __ldg(reinterpret_cast<const uint4 *>(p));
-}
 
 // Partial dot products over chunks [t, C) step TPR of R rows of one matrix (mat), input xs.
 template <int BITS, int TPR>
 static __device__ __forceinline__ void down_rows(const struct dmat &m, int mat,
                                                  const int (&rows)[MOE_R], const float *xs, int C,
                                                  int t, float (&acc)[MOE_R]) {
-    constexpr int EPC = wfmt<BITS>::EPC;
-    const uint8_t *base = m.data + (size_t)mat * m.mat_stride;
-    const uint8_t *sb = m.scales + (size_t)mat * m.sb_mat_stride;
-    const uint8_t *bb = m.biases + (size_t)mat * m.sb_mat_stride;
-#pragma unroll 2
-    for (int c = t; c < C; c += TPR) {
-        uint4 w[MOE_R];
-        float s[MOE_R], b[MOE_R];
+    const uint8_t *rp[MOE_R];
+    const uint16_t *sp[MOE_R], *bp[MOE_R];
 #pragma unroll
-        for (int i = 0; i < MOE_R; i++)
-            w[i] = ldw16(base + (size_t)rows[i] * m.row_stride + (size_t)c * 16);
-        if constexpr (BITS != 16) {
-            int g = c * EPC / m.group;
-#pragma unroll
-            for (int i = 0; i < MOE_R; i++) {
-                size_t o = (size_t)rows[i] * m.sb_row_stride;
-                s[i] = bf16_bits_to_f32(__ldg(reinterpret_cast<const uint16_t *>(sb + o) + g));
-                b[i] = bf16_bits_to_f32(__ldg(reinterpret_cast<const uint16_t *>(bb + o) + g));
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < MOE_R; i++) s[i] = b[i] = 0.f;
-        }
-        dot_chunk<BITS, MOE_R>(w, s, b, xs + xpad(c * EPC), acc);
-    }
+    for (int i = 0; i < MOE_R; i++) row_ptrs(m, mat, rows[i], rp[i], sp[i], bp[i]);
+    rows_dot<BITS, MOE_R, TPR>(rp, sp, bp, m.group, xs, C, t, acc);
 }
 
 template <int BITS, int TPR>
@@ -67,28 +43,12 @@ __global__ void __launch_bounds__(MOE_THREADS)
         const struct dmat &m = p.down;
 #pragma unroll 2
         for (int f = t; f < p.K * C; f += TPR) {
-            const int k = f / C, c = f - k * C, ex = ids[k];
-            const uint8_t *base = m.data + (size_t)ex * m.mat_stride + (size_t)c * 16;
-            uint4 w[MOE_R];
-            float s[MOE_R], b[MOE_R];
+            const int k = f / C, c = f - k * C;
+            const uint8_t *rp[MOE_R];
+            const uint16_t *sp[MOE_R], *bp[MOE_R];
 #pragma unroll
-            for (int i = 0; i < MOE_R; i++) w[i] = ldw16(base + (size_t)rows[i] * m.row_stride);
-            if constexpr (BITS != 16) {
-                const int g = c * EPC / m.group;
-                const size_t o0 = (size_t)ex * m.sb_mat_stride;
-#pragma unroll
-                for (int i = 0; i < MOE_R; i++) {
-                    size_t o = o0 + (size_t)rows[i] * m.sb_row_stride;
-                    s[i] = bf16_bits_to_f32(
-                        __ldg(reinterpret_cast<const uint16_t *>(m.scales + o) + g));
-                    b[i] = bf16_bits_to_f32(
-                        __ldg(reinterpret_cast<const uint16_t *>(m.biases + o) + g));
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < MOE_R; i++) s[i] = b[i] = 0.f;
-            }
-            dot_chunk<BITS, MOE_R>(w, s, b, xs + xpad(k * p.inter + c * EPC), acc);
+            for (int i = 0; i < MOE_R; i++) row_ptrs(m, ids[k], rows[i], rp[i], sp[i], bp[i]);
+            chunk_dot<BITS, MOE_R>(rp, sp, bp, m.group, c, xs + xpad(k * p.inter + c * EPC), acc);
         }
     }
     if (p.sh_inter > 0) {
@@ -101,27 +61,7 @@ __global__ void __launch_bounds__(MOE_THREADS)
         else
             down_rows<16, TPR>(p.sh_down, 0, rows, xsh, p.sh_inter / 8, t, acc);
     }
-    // reduce over the TPR threads of the group
-    constexpr int W = TPR < 32 ? TPR : 32;
-#pragma unroll
-    for (int i = 0; i < MOE_R; i++)
-#pragma unroll
-        for (int o = W / 2; o; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-    if constexpr (TPR > 32) {
-        constexpr int NW = TPR / 32;
-        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < MOE_R; i++) red[warp * MOE_R + i] = acc[i];
-        __syncthreads();
-        int w0 = warp / NW * NW;
-#pragma unroll
-        for (int i = 0; i < MOE_R; i++) {
-            float v = 0.f;
-            for (int k = 0; k < NW; k++) v += red[(w0 + k) * MOE_R + i];
-            acc[i] = v;
-        }
-    }
+    group_reduce<MOE_R, TPR>(acc, red);
 #pragma unroll
     for (int i = 0; i < MOE_R; i++)
         if (t == i && row0 + i < p.hidden) p.out[row0 + i] += acc[i];

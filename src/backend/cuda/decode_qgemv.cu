@@ -25,14 +25,9 @@
 #define QG_BLOCKS_PER_SM 2 // blocks per SM (register budget: 128 per thread)
 
 static int g_q_sms = 132;
-static bool g_q_pdl;
 
-void qgemv_configure(int sm_count, bool pdl) {
+void qgemv_set_sm_count(int sm_count) {
     g_q_sms = sm_count;
-    g_q_pdl = pdl;
-}
-bool qgemv_pdl(void) {
-    return g_q_pdl;
 }
 
 static __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
@@ -418,7 +413,7 @@ int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     if (blocks > QG_BLOCKS_PER_SM * g_q_sms) blocks = QG_BLOCKS_PER_SM * g_q_sms;
     const size_t smem = qx_bytes(p->cols / 32);
     void (*k)(const struct gemv_params) = bits == 4 ? qgemv_kernel<4> : qgemv_kernel<8>;
-    CUDA_CHECK(pdl_launch(k, dim3(blocks), dim3(QG_THREADS), smem, s, g_q_pdl, *p));
+    CUDA_CHECK(pdl_launch(k, dim3(blocks), dim3(QG_THREADS), smem, s, decode_pdl(), *p));
     return 0;
 }
 
@@ -496,6 +491,6 @@ int qdown_launch(const struct moe_down_params *pp, cudaStream_t s, struct wren_e
     if (blocks > QG_BLOCKS_PER_SM * g_q_sms) blocks = QG_BLOCKS_PER_SM * g_q_sms;
     const size_t smem = qx_bytes((p->K * p->inter + p->sh_inter) / 32);
     void (*k)(const struct moe_down_params) = bits == 4 ? qdown_kernel<4> : qdown_kernel<8>;
-    CUDA_CHECK(pdl_launch(k, dim3(blocks), dim3(QG_THREADS), smem, s, g_q_pdl, *p));
+    CUDA_CHECK(pdl_launch(k, dim3(blocks), dim3(QG_THREADS), smem, s, decode_pdl(), *p));
     return 0;
 }

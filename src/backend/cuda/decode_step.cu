@@ -41,6 +41,17 @@ static struct gemv_seg seg_of(const struct dmat *m, int epi, float *out) {
     return g;
 }
 
+// A launch reading input x (cols values), RMS-normalised with norm_w on the fly when given.
+static struct gemv_params gemv_in(const float *x, int cols, const float *norm_w, float eps) {
+    struct gemv_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.x = x;
+    gp.cols = cols;
+    gp.norm_w = norm_w;
+    gp.eps = eps;
+    return gp;
+}
+
 static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dlayer *L,
                      struct wren_err *e) {
     const struct model_config *c = cx->cfg;
@@ -48,11 +59,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
     struct gemv_params gp;
     if (K > 0) {
-        memset(&gp, 0, sizeof gp);
-        gp.x = ws->x;
-        gp.cols = c->hidden;
-        gp.norm_w = L->post_norm;
-        gp.eps = c->rms_eps;
+        gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
         gp.seg[gp.nseg++] = seg_of(&L->router, EPI_STORE, ws->rlog);
         const bool shg = L->sh_gate_w.rows > 0 && shi > 0;
         if (shg) gp.seg[gp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
@@ -66,11 +73,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         gp.counter = ws->counter;
         if (PROF(DP_ROUTER, gemv_launch(&gp, cx->stream, e))) return -1;
     }
-    memset(&gp, 0, sizeof gp);
-    gp.x = ws->x;
-    gp.cols = c->hidden;
-    gp.norm_w = L->post_norm;
-    gp.eps = c->rms_eps;
+    gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
     for (int k = 0; k < K; k++) {
         struct gemv_seg g = seg_of(&L->exp_gate, EPI_SWIGLU, ws->act + (size_t)k * inter);
         g.b = L->exp_up;
@@ -104,12 +107,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
 static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
                           const struct dlayer *L, struct wren_err *e) {
     const struct model_config *c = cx->cfg;
-    struct gemv_params gp;
-    memset(&gp, 0, sizeof gp);
-    gp.x = ws->x;
-    gp.cols = c->hidden;
-    gp.norm_w = L->input_norm;
-    gp.eps = c->rms_eps;
+    struct gemv_params gp = gemv_in(ws->x, c->hidden, L->input_norm, c->rms_eps);
     struct gemv_seg g = seg_of(&L->dn_qkv, EPI_CONV, ws->qkv);
     g.conv_w = L->dn_conv;
     g.conv_state = st->conv[j];
@@ -134,13 +132,10 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     dp.dv = c->dn_v_dim;
     dp.eps = c->rms_eps;
     if (PROF(DP_DN_STEP, deltanet_launch(&dp, cx->stream, e))) return -1;
-    memset(&gp, 0, sizeof gp);
-    gp.x = ws->y;
-    gp.cols = cfg_dn_v_dim(c);
+    gp = gemv_in(ws->y, cfg_dn_v_dim(c), NULL, c->rms_eps);
     gp.gn_w = L->dn_norm;
     gp.gn_z = ws->z;
     gp.gn_dv = c->dn_v_dim;
-    gp.eps = c->rms_eps;
     gp.seg[gp.nseg++] = seg_of(&L->dn_out, EPI_ADD, ws->x);
     return PROF(DP_DN_OUT, gemv_launch(&gp, cx->stream, e));
 }
@@ -148,12 +143,7 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
 static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
                            const struct dlayer *L, struct wren_err *e) {
     const struct model_config *c = cx->cfg;
-    struct gemv_params gp;
-    memset(&gp, 0, sizeof gp);
-    gp.x = ws->x;
-    gp.cols = c->hidden;
-    gp.norm_w = L->input_norm;
-    gp.eps = c->rms_eps;
+    struct gemv_params gp = gemv_in(ws->x, c->hidden, L->input_norm, c->rms_eps);
     gp.seg[gp.nseg++] = seg_of(&L->q_proj, EPI_STORE, ws->qg);
     gp.seg[gp.nseg++] = seg_of(&L->k_proj, EPI_STORE, ws->k);
     gp.seg[gp.nseg++] = seg_of(&L->v_proj, EPI_STORE, ws->v);
@@ -180,9 +170,7 @@ static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cud
     ap.part = ws->part;
     ap.out = ws->att;
     if (PROF(DP_ATT, attn_launch(&ap, cx->stream, e))) return -1;
-    memset(&gp, 0, sizeof gp);
-    gp.x = ws->att;
-    gp.cols = c->n_heads * c->head_dim;
+    gp = gemv_in(ws->att, c->n_heads * c->head_dim, NULL, c->rms_eps);
     gp.seg[gp.nseg++] = seg_of(&L->o_proj, EPI_ADD, ws->x);
     return PROF(DP_ATT_OUT, gemv_launch(&gp, cx->stream, e));
 }
@@ -198,12 +186,7 @@ int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state 
                                               : attention_layer(cx, ws, st, ja++, L, e);
         if (rc || moe_block(cx, ws, L, e)) return wren_err_prefix(e, "layer %d: ", l);
     }
-    struct gemv_params gp;
-    memset(&gp, 0, sizeof gp);
-    gp.x = ws->x;
-    gp.cols = c->hidden;
-    gp.norm_w = cx->dm.final_norm;
-    gp.eps = c->rms_eps;
+    struct gemv_params gp = gemv_in(ws->x, c->hidden, cx->dm.final_norm, c->rms_eps);
     gp.seg[gp.nseg++] = seg_of(&cx->dm.lm_head, EPI_STORE, st->logits);
     return PROF(DP_LM_HEAD, gemv_launch(&gp, cx->stream, e));
 }

@@ -1,6 +1,6 @@
-// Device pieces shared by the decode GEMV kernels (decode_gemv.cu: f32 activations, any format;
-// decode_qgemv.cu: int8 activations with dp4a for 4/8-bit weights): block reduction, the output
-// epilogues and the MoE router finisher.
+// Device pieces shared by the decode GEMV kernels (decode_gemv.cu and decode_moe.cu: f32
+// activations, any format; decode_qgemv.cu: int8 activations with dp4a for 4/8-bit weights): block
+// reduction, the f32 dequantized dot products, the output epilogues and the MoE router finisher.
 #pragma once
 #include "backend/cuda/decode.cuh"
 
@@ -16,6 +16,89 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// ---- f32-activation GEMV pieces (decode_gemv.cu segments, decode_moe.cu down projections) -------
+
+static __device__ __forceinline__ uint4 ldw(const uint8_t *p) {
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+// Row start, scale row and bias row of row `row` of matrix `mat` of a stack (no scales: bf16).
+static __device__ __forceinline__ void row_ptrs(const struct dmat &m, int mat, int row,
+                                                const uint8_t *&rp, const uint16_t *&sp,
+                                                const uint16_t *&bp) {
+    rp = m.data + (size_t)mat * m.mat_stride + (size_t)row * m.row_stride;
+    if (m.type != WT_BF16) {
+        size_t o = (size_t)mat * m.sb_mat_stride + (size_t)row * m.sb_row_stride;
+        sp = reinterpret_cast<const uint16_t *>(m.scales + o);
+        bp = reinterpret_cast<const uint16_t *>(m.biases + o);
+    } else {
+        sp = bp = nullptr;
+    }
+}
+
+// acc[i] += chunk c of row i (rows given by row_ptrs; they may come from different matrices of the
+// same format) dotted with xs, the chunk's activations in padded shared memory.
+template <int BITS, int R>
+static __device__ __forceinline__ void
+chunk_dot(const uint8_t *const (&rp)[R], const uint16_t *const (&sp)[R],
+          const uint16_t *const (&bp)[R], int group, int c, const float *xs, float (&acc)[R]) {
+    constexpr int EPC = wfmt<BITS>::EPC;
+    uint4 w[R];
+    float s[R], b[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) w[i] = ldw(rp[i] + (size_t)c * 16);
+    if constexpr (BITS != 16) {
+        int g = c * EPC / group;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] = bf16_bits_to_f32(__ldg(sp[i] + g));
+            b[i] = bf16_bits_to_f32(__ldg(bp[i] + g));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; i++) s[i] = b[i] = 0.f;
+    }
+    dot_chunk<BITS, R>(w, s, b, xs, acc);
+}
+
+// R row dot products over chunks t, t + TPR, ... < C (thread t of a group of TPR sharing the rows).
+template <int BITS, int R, int TPR>
+static __device__ __forceinline__ void rows_dot(const uint8_t *const (&rp)[R],
+                                                const uint16_t *const (&sp)[R],
+                                                const uint16_t *const (&bp)[R], int group,
+                                                const float *xs, int C, int t, float (&acc)[R]) {
+#pragma unroll 2
+    for (int c = t; c < C; c += TPR)
+        chunk_dot<BITS, R>(rp, sp, bp, group, c, xs + xpad(c * wfmt<BITS>::EPC), acc);
+}
+
+// Sums acc over the TPR threads of a row group; every thread of the group gets the totals.
+template <int R, int TPR>
+static __device__ __forceinline__ void group_reduce(float (&acc)[R], float *red) {
+    constexpr int W = TPR < 32 ? TPR : 32;
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int o = W / 2; o; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if constexpr (TPR > 32) {
+        constexpr int NW = TPR / 32;
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < R; i++) red[warp * R + i] = acc[i];
+        __syncthreads();
+        int w0 = warp / NW * NW;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < NW; k++) v += red[(w0 + k) * R + i];
+            acc[i] = v;
+        }
+        __syncthreads();
+    }
 }
 
 // Stores output row r of a segment from its dot product y (y_up: the up row, EPI_SWIGLU only).

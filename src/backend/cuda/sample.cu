@@ -271,7 +271,7 @@ int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err
         if (nb > 1024) nb = 1024;
         if (nb < 1) nb = 1;
         CUDA_CHECK(
-            pdl_launch(argmax_kernel, dim3(nb), dim3(ARGMAX_THREADS), 0, s, qgemv_pdl(), *p));
+            pdl_launch(argmax_kernel, dim3(nb), dim3(ARGMAX_THREADS), 0, s, decode_pdl(), *p));
     } else {
         sample_full_kernel<<<1, SAMPLE_THREADS, 0, s>>>(*p);
         CUDA_CHECK_LAUNCH();
