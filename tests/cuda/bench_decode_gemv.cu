@@ -42,7 +42,7 @@ shapes make_shapes() {
     float *y = dev_f(4096, 1.f), *z = dev_f(4096, 1.f), *gnw = dev_f(128, 1.f);
     float *out = dev_f(300000, 0.f), *conv_w = dev_f(8192 * 4, 0.5f),
           *conv_s = dev_f(8192 * 3, 1.f);
-    float *act = dev_f((K + 1) * I, 1.f), *wts = dev_f(K + 1, 0.2f);
+    float *act = dev_f((K + 1) * I, 1.f);
     (void)big;
     struct dmat qkvm = rand_mat(1, 8192, H, 4), zm = rand_mat(1, 4096, H, 4),
                 bm = rand_mat(1, 32, H, 4), am = rand_mat(1, 32, H, 4),
@@ -55,9 +55,6 @@ shapes make_shapes() {
     int hid[K] = {3, 41, 77, 100, 150, 199, 201, 255}, *ids;
     CK(cudaMalloc(&ids, (K + 1) * sizeof(int)));
     CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
-    unsigned *counter;
-    CK(cudaMalloc(&counter, 4));
-    CK(cudaMemset(counter, 0, 4));
     float *rlog = dev_f(E + 1, 0.f), *wts_r = dev_f(K + 1, 0.f);
     int *ids_r;
     CK(cudaMalloc(&ids_r, (K + 1) * sizeof(int)));
@@ -97,19 +94,19 @@ shapes make_shapes() {
     p->seg[0] = seg(rm, EPI_STORE, rlog);
     p->seg[1] = seg(sgm, EPI_STORE, rlog + E);
     p->nseg = 2;
-    p->topk_E = E, p->topk_K = K, p->norm_topk = 1, p->has_shared_gate = 1;
-    p->logits = rlog, p->ids = ids_r, p->wts = wts_r, p->counter = counter;
     s.b_router = mat_bytes(rm, 1) + mat_bytes(sgm, 1);
 
-    p = &s.gate_up;
+    p = &s.gate_up; // routes from the router's logits in every block
     p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
+    p->topk_E = E, p->topk_K = K, p->norm_topk = 1, p->has_shared_gate = 1;
+    p->logits = rlog, p->ids = ids_r, p->wts = wts_r;
     for (int k = 0; k < K; k++) {
         struct gemv_seg g = seg(gm, EPI_SWIGLU, act + k * I);
-        g.b = um, g.idx = ids, g.slot = k, g.scale = wts;
+        g.b = um, g.idx = ids_r, g.slot = k, g.scale = wts_r;
         p->seg[p->nseg++] = g;
     }
     struct gemv_seg g = seg(shg, EPI_SWIGLU, act + K * I);
-    g.b = shu, g.slot = K, g.scale = wts;
+    g.b = shu, g.slot = K, g.scale = wts_r;
     p->seg[p->nseg++] = g;
     s.b_gu = mat_bytes(gm, K) + mat_bytes(um, K) + mat_bytes(shg, 1) + mat_bytes(shu, 1);
 
@@ -191,8 +188,8 @@ int main(int argc, char **argv) {
                  {"dn out_proj 2048x4096 gated", &s.out_proj, s.b_out},
                  {"attn qkv 9216x2048", &s.qkv, s.b_qkv},
                  {"attn o_proj 2048x4096", &s.o_proj, s.b_o},
-                 {"router 257x2048 q8 + top-8", &s.router, s.b_router},
-                 {"moe gate/up 8+1 experts", &s.gate_up, s.b_gu},
+                 {"router 257x2048 q8", &s.router, s.b_router},
+                 {"moe top-8 + gate/up 8+1 experts", &s.gate_up, s.b_gu},
                  {"lm_head 248320x2048", &s.lm_head, s.b_lm}};
     printf("%-30s", "kernel (us / GB/s)");
     for (auto &m : modes) printf(" %18s", m.name);

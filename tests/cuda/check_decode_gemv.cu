@@ -89,7 +89,8 @@ static void t_conv(int bits, int rows, int cols, int K) {
     check_close_b(name, host_copy(dcs, st.size()).data(), st.data(), bst, 2e-3f, 2e-3f);
 }
 
-// Router + finisher, then gate/up SWIGLU of the routed experts and the shared expert.
+// Router logits, then the expert launch: routing (softmax, top-k) in every block and the gate/up
+// SWIGLU of the routed experts and the shared expert.
 static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties, bool norm_topk) {
     struct tmat R = make_mat(1, E, hidden, 8, 64), G1 = make_mat(1, 1, hidden, 8, 64);
     struct tmat Gt = make_mat(E, inter, hidden, bits, 64),
@@ -102,10 +103,8 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
           *wts = dev_poison(K + 1);
     float *act = dev_poison((size_t)(K + 1) * inter);
     int *ids;
-    unsigned *counter;
     CK(cudaMalloc(&ids, (K + 1) * 4));
-    CK(cudaMalloc(&counter, 4));
-    CK(cudaMemset(counter, 0, 4));
+    CK(cudaMemset(ids, 0xff, (K + 1) * 4));
     std::vector<float> lg(E + 1);
     if (ties) {
         // force exact ties: make router rows equal in pairs by copying rows on the device
@@ -135,8 +134,6 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
     p.seg[0].a = R.d, p.seg[0].rows = E, p.seg[0].epi = EPI_STORE, p.seg[0].out = rlog;
     p.seg[1].a = G1.d, p.seg[1].rows = 1, p.seg[1].epi = EPI_STORE, p.seg[1].out = rlog + E;
     p.nseg = 2;
-    p.topk_E = E, p.topk_K = K, p.norm_topk = norm_topk, p.has_shared_gate = 1;
-    p.logits = rlog, p.ids = ids, p.wts = wts, p.counter = counter;
     WK(gemv_launch(&p, 0, &err_));
     // host top-k on the device's logits (so tie order is judged on identical inputs)
     std::vector<float> glog = host_copy(rlog, E + 1);
@@ -164,19 +161,11 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
     if (norm_topk)
         for (auto &v : sw) v = (float)(v / ws);
     sw.push_back(1.f / (1.f + expf(-glog[E])));
-    std::vector<int> gids = host_copy(ids, K);
-    bool same = true;
-    for (int k = 0; k < K; k++) same &= gids[k] == sel[k];
-    snprintf(name, sizeof name, "router top-%d ids of %d%s", K, E,
-             ties ? " (ties: lower id first)" : "");
-    check_true(name, same);
-    snprintf(name, sizeof name, "router weights%s + shared gate",
-             norm_topk ? " (renormalised)" : "");
-    check_close(name, host_copy(wts, K + 1).data(), sw.data(), K + 1, 1e-5f, 1e-4f);
-    CK(cudaMemcpy(ids, sel.data(), K * 4, cudaMemcpyHostToDevice));
-    // gate/up
+    // routing + gate/up
     memset(&p, 0, sizeof p);
     p.x = dx, p.cols = hidden, p.norm_w = dnw, p.eps = 1e-6f;
+    p.topk_E = E, p.topk_K = K, p.norm_topk = norm_topk, p.has_shared_gate = 1;
+    p.logits = rlog, p.ids = ids, p.wts = wts;
     for (int k = 0; k < K; k++) {
         struct gemv_seg &g = p.seg[p.nseg++];
         g.a = Gt.d, g.b = Up.d, g.idx = ids, g.slot = k, g.rows = inter, g.epi = EPI_SWIGLU;
@@ -186,6 +175,15 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
     g.a = Sg.d, g.b = Su.d, g.slot = K, g.rows = inter, g.epi = EPI_SWIGLU,
     g.out = act + (size_t)K * inter, g.scale = wts;
     WK(gemv_launch(&p, 0, &err_));
+    std::vector<int> gids = host_copy(ids, K);
+    bool same = true;
+    for (int k = 0; k < K; k++) same &= gids[k] == sel[k];
+    snprintf(name, sizeof name, "routing top-%d ids of %d%s", K, E,
+             ties ? " (ties: lower id first)" : "");
+    check_true(name, same);
+    snprintf(name, sizeof name, "routing weights%s + shared gate",
+             norm_topk ? " (renormalised)" : "");
+    check_close(name, host_copy(wts, K + 1).data(), sw.data(), K + 1, 1e-5f, 1e-4f);
     std::vector<float> want((size_t)(K + 1) * inter);
     std::vector<double> wb(want.size());
     for (int k = 0; k <= K; k++)

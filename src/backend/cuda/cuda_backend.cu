@@ -265,7 +265,6 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
         {(void **)&w->wts, (size_t)(K + 1) * 4},
         {(void **)&w->act, ((size_t)K * c->expert_inter + shi) * 4},
         {(void **)&w->ids, (size_t)(K + 1) * 4},
-        {(void **)&w->counter, 4},
         {(void **)&w->pos, 4},
         {(void **)&w->step, 4},
         {(void **)&w->tok, 4},
@@ -713,10 +712,10 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     decode_configure(&dc);
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;
-    if (K + 1 > GEMV_MAXSEG || c->n_experts > 2048) {
+    if (K + 1 > GEMV_MAXSEG || c->n_experts > ROUTE_MAX_EXPERTS) {
         wren_errf(e,
-                  "%d experts with top-%d is beyond the CUDA decode kernels (at most 2048, top-%d)",
-                  c->n_experts, K, GEMV_MAXSEG - 1);
+                  "%d experts with top-%d is beyond the CUDA decode kernels (at most %d, top-%d)",
+                  c->n_experts, K, ROUTE_MAX_EXPERTS, GEMV_MAXSEG - 1);
         free(cb);
         return NULL;
     }

@@ -5,7 +5,8 @@
 #include "backend/cuda/cuda_model.h"
 
 // ---- GEMV over one activation row, several matrices per launch --------------------------------
-#define GEMV_MAXSEG 12
+#define GEMV_MAXSEG       12
+#define ROUTE_MAX_EXPERTS 512 // the routing holds 16 probabilities per lane in registers
 
 enum gemv_epi {
     EPI_STORE,  // out[r] = y
@@ -42,14 +43,16 @@ struct gemv_params {
     // x_i * rsqrt(mean_head(x^2) + eps) * gn_w[i % gn_dv] * silu(gn_z[i])
     const float *gn_w, *gn_z;
     int gn_dv;
-    // MoE router finisher: when topk_K > 0, the last block turns logits[0..topk_E) into top-k ids
-    // and renormalised weights; wts[topk_K] = sigmoid(logits[topk_E]) if has_shared_gate, else 1.
+    // MoE routing (the expert launch): when topk_K > 0, every block turns the router's
+    // logits[0..topk_E) into top-k ids and (renormalised) weights before it runs its segments; the
+    // routed segments (idx != NULL) then take their matrix and scale from that choice, and block 0
+    // writes it to ids[0..topk_K) and wts[0..topk_K] (wts[topk_K] = sigmoid(logits[topk_E]) if
+    // has_shared_gate, else 1) for the launches after it.
     int topk_E, topk_K;
     int norm_topk, has_shared_gate;
     const float *logits;
     int *ids;
     float *wts;
-    unsigned *counter;         // zero between launches (the finisher resets it)
     int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
 };
 
@@ -155,12 +158,11 @@ struct decode_ws {
     float *qg, *k, *v, *q, *att, *part; // attention
     float *rlog, *wts, *act; // MoE: router logits (+ shared gate), weights, expert activations
     int *ids;
-    unsigned *counter; // router finisher ticket
-    int *pos, *step;   // device position and sampler step counters
-    int32_t *tok;      // the step's input token
-    int *counts;       // sampler: generated-token counts
-    uint8_t *seen;     // sampler: ids in prompt + generated
-    float *work;       // sampler scratch [vocab]
+    int *pos, *step; // device position and sampler step counters
+    int32_t *tok;    // the step's input token
+    int *counts;     // sampler: generated-token counts
+    uint8_t *seen;   // sampler: ids in prompt + generated
+    float *work;     // sampler scratch [vocab]
     unsigned long long *argmax;
     unsigned *scounter;
     struct sampled_token *ring, *ring_dev; // host-mapped ring (host and device views)

@@ -67,8 +67,8 @@ static __device__ void load_x(float *xs, float *hs, const struct gemv_params &p,
 }
 
 template <int BITS, int R, int TPR>
-static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, const float *xs,
-                                int cols, float *red) {
+static __device__ void seg_rows(const struct gemv_seg &sg, int mat, float sc, int row0,
+                                const float *xs, int cols, float *red) {
     constexpr int EPC = wfmt<BITS>::EPC;
     const bool pair = sg.epi == EPI_SWIGLU;
     const int t = threadIdx.x % TPR;
@@ -96,7 +96,7 @@ static __device__ void seg_rows(const struct gemv_seg &sg, int mat, int row0, co
 #pragma unroll
         for (int k = 0; k < R; k++)
             if (k == i + R / 2) u = acc[k];
-        gemv_epilogue(sg, r, acc[i], u);
+        gemv_epilogue(sg, r, acc[i], u, sc);
     }
 }
 
@@ -105,11 +105,15 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
     gemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ float xs[];
     __shared__ float red[GEMV_THREADS / 32 * 4];
+    __shared__ struct route_smem route;
+    const route_smem *rt = p.topk_K > 0 ? &route : nullptr;
+    if (rt) route_block(p, route);
     load_x(xs, xs + xpad_len(p.cols), p, red);
     int s = 0;
     while (s + 1 < p.nseg && (int)blockIdx.x >= p.seg[s + 1].block0) s++;
     const struct gemv_seg &sg = p.seg[s];
-    const int mat = sg.idx ? sg.idx[sg.slot] : sg.mat;
+    const int mat = seg_mat(sg, rt);
+    const float sc = seg_scale(sg, rt);
     const int groups = GEMV_THREADS / TPR, grp = threadIdx.x / TPR;
     const int bits = dmat_bits(sg.a.type, sg.a.bits);
     const int per = sg.epi == EPI_SWIGLU ? 2 : 4; // rows per group
@@ -120,13 +124,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
         if (batch * groups * per >= sg.rows) break; // block-uniform
         const int row0 = (batch * groups + grp) * per;
         if (bits == 4)
-            seg_rows<4, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+            seg_rows<4, 4, TPR>(sg, mat, sc, row0, xs, p.cols, red);
         else if (bits == 8)
-            seg_rows<8, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+            seg_rows<8, 4, TPR>(sg, mat, sc, row0, xs, p.cols, red);
         else
-            seg_rows<16, 4, TPR>(sg, mat, row0, xs, p.cols, red);
+            seg_rows<16, 4, TPR>(sg, mat, sc, row0, xs, p.cols, red);
     }
-    if (p.topk_K > 0) topk_if_last(p);
 }
 
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {

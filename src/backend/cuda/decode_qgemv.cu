@@ -12,9 +12,9 @@
 // chunks of 16 bytes per row); the steps of a warp are pipelined two deep in registers, and the
 // first step's weights are requested before the programmatic-launch wait, so they stream while the
 // previous kernel finishes. The block's prologue builds the int8 activation in shared memory.
-// Two users: the segment GEMV (gemv_params: several matrices reading one x, epilogues, router
-// finisher) and the MoE down projection (one long dot product per output row over the K routed
-// experts and the shared expert).
+// Two users: the segment GEMV (gemv_params: several matrices reading one x, epilogues, MoE
+// routing in the expert launch) and the MoE down projection (one long dot product per output row
+// over the K routed experts and the shared expert).
 #include "backend/cuda/gemv_dev.cuh"
 
 #define QG_THREADS       256
@@ -313,17 +313,19 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qgemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ __align__(16) uint8_t qsm[];
     __shared__ float red[32];
+    __shared__ struct route_smem route;
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gw = blockIdx.x * QG_WARPS + warp, W = gridDim.x * QG_WARPS;
     const int C = p.cols * BITS / 128, nit = p.q_nit, RS = p.q_rs;
+    const route_smem *rt = p.topk_K > 0 ? &route : nullptr;
     const int nsteps = gw < RS ? ((RS - 1 - gw) / W + 1) * nit : 0;
     auto load = [&](qstage &S, int rs, int it) {
         const int k = seg_of_rs(p, rs);
         const struct gemv_seg &sg = p.seg[k];
         const int local = rs - sg.rs0;
         const bool pair = sg.epi == EPI_SWIGLU;
-        const int mat = sg.idx ? __ldcg(sg.idx + sg.slot) : sg.mat;
+        const int mat = seg_mat(sg, rt);
         const int r0 = pair ? local : 2 * local;
 #pragma unroll
         for (int i = 0; i < QG_R; i++) {
@@ -340,14 +342,22 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             }
         }
     };
+    // residual rows (EPI_ADD) this lane will finish first (lane j parks the warp's j-th row set):
+    // read right after the wait, so that epilogue is a store, not a round trip
+    const int rs_pre = gw + lane * W;
+    float pre[2] = {0.f, 0.f};
     auto finish = [&](int rs, float a, float b) {
         const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs)];
         if (sg.epi == EPI_SWIGLU) {
-            gemv_epilogue(sg, rs - sg.rs0, a, b);
+            gemv_epilogue(sg, rs - sg.rs0, a, b, seg_scale(sg, rt));
+        } else if (sg.epi == EPI_ADD && rs == rs_pre) {
+            const int r = 2 * (rs - sg.rs0);
+            sg.out[r] = pre[0] + a;
+            if (r + 1 < sg.rows) sg.out[r + 1] = pre[1] + b;
         } else {
             const int r = 2 * (rs - sg.rs0);
-            gemv_epilogue(sg, r, a, 0.f);
-            if (r + 1 < sg.rows) gemv_epilogue(sg, r + 1, b, 0.f);
+            gemv_epilogue(sg, r, a, 0.f, 1.f);
+            if (r + 1 < sg.rows) gemv_epilogue(sg, r + 1, b, 0.f, 1.f);
         }
     };
     // before the wait: the norm weights and the first two steps' weights, unless their matrix
@@ -363,13 +373,21 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
         if (nsteps > 1 && !p.seg[seg_of_rs(p, rs1)].idx) load(B, rs1, it1), npre = 2;
     }
     pdl_wait();
-    // routed experts' first steps right after the wait, so they stream during the prologue
+    if (rs_pre < RS) {
+        const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs_pre)];
+        const int r = 2 * (rs_pre - sg.rs0);
+        if (sg.epi == EPI_ADD) {
+            pre[0] = __ldcg(sg.out + r);
+            if (r + 1 < sg.rows) pre[1] = __ldcg(sg.out + r + 1);
+        }
+    }
+    if (rt) route_block(p, route);
+    // routed experts' first steps right after the routing, so they stream during the prologue
     if (npre < 1 && nsteps > 0) load(A, gw, 0), npre = 1;
     if (npre < 2 && nsteps > 1) load(B, rs1, it1), npre = 2;
     const qx_smem q = qx_layout(qsm, p.cols >> 5);
     qx_build<BITS>(in, nw, q, red);
     qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load, finish);
-    if (p.topk_K > 0) topk_if_last(p);
 }
 
 static bool pow2(int v) {
@@ -452,13 +470,21 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             }
         }
     };
+    // the residual rows this lane finishes first, read right after the wait (as in qgemv_kernel)
+    const int rs_pre = gw + lane * W;
+    float pre[2] = {0.f, 0.f};
     auto finish = [&](int rs, float a, float b) {
         const int r = rs * QG_R;
-        p.out[r] += a;
-        if (r + 1 < p.hidden) p.out[r + 1] += b;
+        const bool have = rs == rs_pre;
+        p.out[r] = (have ? pre[0] : p.out[r]) + a;
+        if (r + 1 < p.hidden) p.out[r + 1] = (have ? pre[1] : p.out[r + 1]) + b;
     };
     pdl_wait();
     for (int i = threadIdx.x; i < p.K; i += blockDim.x) ids[i] = __ldcg(p.ids + i);
+    if (rs_pre < RS) {
+        pre[0] = __ldcg(p.out + rs_pre * QG_R);
+        if (rs_pre * QG_R + 1 < p.hidden) pre[1] = __ldcg(p.out + rs_pre * QG_R + 1);
+    }
     const qx_src in = {p.act, p.K * p.inter + p.sh_inter, nullptr, nullptr, nullptr, 0, 0.f};
     const qx_smem q = qx_layout(qsm, in.cols >> 5);
     qx_w nw;

@@ -57,12 +57,16 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
     const struct model_config *c = cx->cfg;
     const int K = c->n_experts > 0 ? c->top_k : 0;
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
+    const bool shg = L->sh_gate_w.rows > 0 && shi > 0;
     struct gemv_params gp;
     if (K > 0) {
         gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
         gp.seg[gp.nseg++] = seg_of(&L->router, EPI_STORE, ws->rlog);
-        const bool shg = L->sh_gate_w.rows > 0 && shi > 0;
         if (shg) gp.seg[gp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
+        if (PROF(DP_ROUTER, gemv_launch(&gp, cx->stream, e))) return -1;
+    }
+    gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
+    if (K > 0) { // the expert launch does the routing (softmax, top-k) in every block
         gp.topk_E = c->n_experts;
         gp.topk_K = K;
         gp.norm_topk = c->norm_topk;
@@ -70,10 +74,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         gp.logits = ws->rlog;
         gp.ids = ws->ids;
         gp.wts = ws->wts;
-        gp.counter = ws->counter;
-        if (PROF(DP_ROUTER, gemv_launch(&gp, cx->stream, e))) return -1;
     }
-    gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
     for (int k = 0; k < K; k++) {
         struct gemv_seg g = seg_of(&L->exp_gate, EPI_SWIGLU, ws->act + (size_t)k * inter);
         g.b = L->exp_up;

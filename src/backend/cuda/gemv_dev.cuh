@@ -1,6 +1,6 @@
 // Device pieces shared by the decode GEMV kernels (decode_gemv.cu and decode_moe.cu: f32
 // activations, any format; decode_qgemv.cu: int8 activations with dp4a for 4/8-bit weights): block
-// reduction, the f32 dequantized dot products, the output epilogues and the MoE router finisher.
+// reduction, the f32 dequantized dot products, the output epilogues and the MoE routing.
 #pragma once
 #include "backend/cuda/decode.cuh"
 
@@ -101,9 +101,10 @@ static __device__ __forceinline__ void group_reduce(float (&acc)[R], float *red)
     }
 }
 
-// Stores output row r of a segment from its dot product y (y_up: the up row, EPI_SWIGLU only).
+// Stores output row r of a segment from its dot product y (y_up: the up row and sc: the scale
+// (seg_scale), EPI_SWIGLU only).
 static __device__ __forceinline__ void gemv_epilogue(const struct gemv_seg &sg, int r, float y,
-                                                     float y_up) {
+                                                     float y_up, float sc) {
     switch (sg.epi) {
     case EPI_STORE:
         sg.out[r] = y;
@@ -123,88 +124,104 @@ static __device__ __forceinline__ void gemv_epilogue(const struct gemv_seg &sg, 
         break;
     }
     case EPI_SWIGLU: {
-        const float sc = sg.scale ? __ldcg(sg.scale + sg.slot) : 1.f;
         sg.out[r] = sc * silu_f(y) * y_up;
         break;
     }
     }
 }
 
-// Router finisher (the whole block): softmax over E logits, top-K (ties: lower id first),
-// optional renormalisation, the shared expert's sigmoid gate. The logits are read once, by all
-// threads at the same time (one memory round trip), into shared memory.
-static __device__ void topk_finish(const struct gemv_params &p) {
-    __shared__ float prob[2048];
-    __shared__ float red[32];
-    const int E = p.topk_E, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int nw = blockDim.x >> 5;
+// The routing of one token, computed by warp 0 of every block of the expert launch that reads it
+// (instead of a finisher in the router launch: that cost a fence, a ticket and a serial tail on
+// one block, and the expert launch then had to fetch the ids). Softmax over the E logits, top-K
+// (ties: lower id first), optional renormalisation, the shared expert's sigmoid gate. Lane l holds
+// the probabilities of experts l, l + 32, ... in registers (NPL of them); a probability's float
+// bits order like the value (it is >= 0), so each round is two warp reductions (the max key, then
+// the lowest id holding it) and a rescan of its NPL registers by the lane that owned it.
+struct route_smem {
+    int ids[64];
+    float wts[65];
+};
+
+template <int NPL>
+static __device__ void route_warp(const struct gemv_params &p, struct route_smem &rt) {
+    const int E = p.topk_E, K = p.topk_K, lane = threadIdx.x & 31;
+    float v[NPL];
     float mx = -INFINITY;
-    for (int i = tid; i < E; i += blockDim.x) {
-        prob[i] = __ldcg(p.logits + i);
-        mx = fmaxf(mx, prob[i]);
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        const int i = lane + 32 * j;
+        v[j] = i < E ? __ldcg(p.logits + i) : -INFINITY;
+        mx = fmaxf(mx, v[j]);
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int w = 0; w < nw; w++) mx = fmaxf(mx, red[w]);
     float sum = 0.f;
-    for (int i = tid; i < E; i += blockDim.x) {
-        const float v = __expf(prob[i] - mx);
-        prob[i] = v;
-        sum += v;
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        v[j] = lane + 32 * j < E ? __expf(v[j] - mx) : -1.f; // -1: absent
+        sum += fmaxf(v[j], 0.f);
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    __syncthreads(); // everyone has read red[] (max) before it is reused
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    if (warp) return;
-    sum = 0.f;
-    for (int w = 0; w < nw; w++) sum += red[w];
-    float wsum = 0.f, myw = 0.f;
-    for (int k = 0; k < p.topk_K; k++) {
-        float bv = -2.f;
-        int bi = 0x7fffffff;
-        for (int i = lane; i < E; i += 32) {
-            float v = prob[i];
-            if (v > bv) bv = v, bi = i; // ascending i: the first max is the lowest id
-        }
+    // this lane's best untaken entry: key = bits + 1 (0 = taken or absent); ascending j keeps the
+    // lowest id among equals
+    unsigned bk;
+    int bj;
+    auto rescan = [&]() {
+        bk = 0, bj = 0;
 #pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        for (int j = 0; j < NPL; j++) {
+            const unsigned k = v[j] >= 0.f ? __float_as_uint(v[j]) + 1u : 0u;
+            if (k > bk) bk = k, bj = j;
         }
-        if (lane == k) myw = bv / sum;
-        wsum += bv / sum;
-        if (lane == 0) {
-            p.ids[k] = bi;
-            prob[bi] = -1.f;
+    };
+    rescan();
+    float wsum = 0.f, myw = 0.f;
+    int myid = 0;
+    for (int k = 0; k < K; k++) {
+        const unsigned m = __reduce_max_sync(0xffffffffu, bk);
+        const unsigned id =
+            __reduce_min_sync(0xffffffffu, bk == m ? (unsigned)(lane + 32 * bj) : 0xffffffffu);
+        const float w = __uint_as_float(m - 1u) / sum;
+        wsum += w;
+        if (lane == k) myw = w, myid = (int)id;
+        if ((int)(id & 31) == lane) {
+#pragma unroll
+            for (int j = 0; j < NPL; j++)
+                if (j == (int)(id >> 5)) v[j] = -1.f; // taken
+            rescan();
         }
-        __syncwarp();
     }
-    if (lane < p.topk_K) p.wts[lane] = p.norm_topk ? myw / wsum : myw;
-    if (lane == 0) {
-        p.wts[p.topk_K] = p.has_shared_gate ? sigmoid_f(__ldcg(p.logits + E)) : 1.f;
-        *p.counter = 0;
+    if (lane < K) {
+        rt.ids[lane] = myid;
+        rt.wts[lane] = p.norm_topk ? myw / wsum : myw;
+    }
+    if (lane == 0) rt.wts[K] = p.has_shared_gate ? sigmoid_f(__ldcg(p.logits + E)) : 1.f;
+}
+
+// Every block routes (warp 0) and publishes the choice in shared memory; block 0 also writes it
+// to p.ids / p.wts for the launches after this one.
+static __device__ __forceinline__ void route_block(const struct gemv_params &p,
+                                                   struct route_smem &rt) {
+    if (threadIdx.x < 32) {
+        if (p.topk_E <= 256)
+            route_warp<8>(p, rt);
+        else
+            route_warp<ROUTE_MAX_EXPERTS / 32>(p, rt);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x <= p.topk_K) {
+        if ((int)threadIdx.x < p.topk_K) p.ids[threadIdx.x] = rt.ids[threadIdx.x];
+        p.wts[threadIdx.x] = rt.wts[threadIdx.x];
     }
 }
 
-// The router's last block (ticket counter) runs the finisher once every block's logits are out.
-// One fence per block, by the thread that takes the ticket after the barrier (cumulative over the
-// block's writes), rather than one per thread.
-static __device__ __forceinline__ void topk_if_last(const struct gemv_params &p) {
-    __shared__ int last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (last) {
-        __threadfence();
-        topk_finish(p);
-    }
+// A segment's matrix (routed: from this block's routing or from device memory) and output scale.
+static __device__ __forceinline__ int seg_mat(const struct gemv_seg &sg, const route_smem *rt) {
+    if (!sg.idx) return sg.mat;
+    return rt ? rt->ids[sg.slot] : __ldcg(sg.idx + sg.slot);
+}
+static __device__ __forceinline__ float seg_scale(const struct gemv_seg &sg, const route_smem *rt) {
+    if (!sg.scale) return 1.f;
+    return rt ? rt->wts[sg.slot] : __ldcg(sg.scale + sg.slot);
 }
