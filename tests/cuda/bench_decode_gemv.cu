@@ -3,10 +3,22 @@
 // projections, MoE) x 40, per kernel mode: int8-activation kernels with and without programmatic
 // dependent launch, and the f32-activation kernels. Prints us per launch and GB/s of weights read.
 // usage: bench_decode_gemv [REPS]     bench_decode_gemv once   (each kind launched once, for ncu)
+#include "backend/cuda/gemv_dev.cuh"
 #include "common_check.cuh"
 #include "rand_dev.cuh"
 
 namespace {
+
+// Cycles of one routing (softmax + top-k of the router's logits by one warp), averaged over n.
+__global__ void route_cycles_kernel(const struct gemv_params p, int n, long long *cycles) {
+    __shared__ struct route_smem rt;
+    long long t0 = clock64();
+    for (int i = 0; i < n; i++) {
+        route_warp<8>(p, rt);
+        __syncwarp();
+    }
+    if (threadIdx.x == 0) *cycles = (clock64() - t0) / n;
+}
 
 uint32_t g_seed = 1;
 
@@ -29,7 +41,7 @@ struct gemv_seg seg(const struct dmat &m, int epi, float *out) {
 }
 
 struct shapes {
-    gemv_params in_proj, out_proj, qkv, o_proj, router, gate_up, lm_head;
+    gemv_params in_proj, out_proj, qkv, o_proj, router, gate_up, gate_up_ids, lm_head;
     moe_down_params down;
     double b_in, b_out, b_qkv, b_o, b_router, b_gu, b_down, b_lm;
 };
@@ -109,6 +121,10 @@ shapes make_shapes() {
     g.b = shu, g.slot = K, g.scale = wts_r;
     p->seg[p->nseg++] = g;
     s.b_gu = mat_bytes(gm, K) + mat_bytes(um, K) + mat_bytes(shg, 1) + mat_bytes(shu, 1);
+    // the same launch with the ids given (no routing in it): what the routing costs
+    s.gate_up_ids = s.gate_up;
+    s.gate_up_ids.topk_K = 0;
+    for (int k = 0; k < K; k++) s.gate_up_ids.seg[k].idx = ids;
 
     moe_down_params *d = &s.down;
     d->down = dm, d->sh_down = shd, d->ids = ids, d->K = K, d->act = act, d->inter = I,
@@ -190,6 +206,7 @@ int main(int argc, char **argv) {
                  {"attn o_proj 2048x4096", &s.o_proj, s.b_o},
                  {"router 257x2048 q8", &s.router, s.b_router},
                  {"moe top-8 + gate/up 8+1 experts", &s.gate_up, s.b_gu},
+                 {"moe gate/up, ids given", &s.gate_up_ids, s.b_gu},
                  {"lm_head 248320x2048", &s.lm_head, s.b_lm}};
     printf("%-30s", "kernel (us / GB/s)");
     for (auto &m : modes) printf(" %18s", m.name);
@@ -221,6 +238,20 @@ int main(int argc, char **argv) {
     printf("\n");
     // one DeltaNet layer's GEMVs + MoE (no recurrent step): the chain a token runs 30 times
     const double lb = s.b_in + s.b_out + s.b_router + s.b_gu + s.b_down;
+    {
+        long long *cyc;
+        CK(cudaMalloc(&cyc, sizeof *cyc));
+        route_cycles_kernel<<<1, 32, 0, st>>>(s.gate_up, 100, cyc);
+        CK(cudaGetLastError());
+        long long c = 0;
+        CK(cudaMemcpyAsync(&c, cyc, sizeof c, cudaMemcpyDeviceToHost, st));
+        CK(cudaStreamSynchronize(st));
+        int khz = 0;
+        CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        printf("routing (one warp, E 256, top-8): %lld cycles (%.2f us at %.2f GHz)\n", c,
+               c / (khz * 1e-3), khz * 1e-6);
+        CK(cudaFree(cyc));
+    }
     printf("%-30s", "layer chain (5 launches)");
     for (auto &m : modes) {
         struct decode_config dc = {prop.multiProcessorCount, prop.sharedMemPerBlockOptin,

@@ -147,6 +147,7 @@ static __device__ void route_warp(const struct gemv_params &p, struct route_smem
     const int E = p.topk_E, K = p.topk_K, lane = threadIdx.x & 31;
     float v[NPL];
     float mx = -INFINITY;
+    const float shared_logit = p.has_shared_gate && lane == 0 ? __ldcg(p.logits + E) : 0.f;
 #pragma unroll
     for (int j = 0; j < NPL; j++) {
         const int i = lane + 32 * j;
@@ -163,6 +164,7 @@ static __device__ void route_warp(const struct gemv_params &p, struct route_smem
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv_sum = 1.f / sum;
     // this lane's best untaken entry: key = bits + 1 (0 = taken or absent); ascending j keeps the
     // lowest id among equals
     unsigned bk;
@@ -182,7 +184,7 @@ static __device__ void route_warp(const struct gemv_params &p, struct route_smem
         const unsigned m = __reduce_max_sync(0xffffffffu, bk);
         const unsigned id =
             __reduce_min_sync(0xffffffffu, bk == m ? (unsigned)(lane + 32 * bj) : 0xffffffffu);
-        const float w = __uint_as_float(m - 1u) / sum;
+        const float w = __uint_as_float(m - 1u) * inv_sum;
         wsum += w;
         if (lane == k) myw = w, myid = (int)id;
         if ((int)(id & 31) == lane) {
@@ -196,7 +198,7 @@ static __device__ void route_warp(const struct gemv_params &p, struct route_smem
         rt.ids[lane] = myid;
         rt.wts[lane] = p.norm_topk ? myw / wsum : myw;
     }
-    if (lane == 0) rt.wts[K] = p.has_shared_gate ? sigmoid_f(__ldcg(p.logits + E)) : 1.f;
+    if (lane == 0) rt.wts[K] = p.has_shared_gate ? sigmoid_f(shared_logit) : 1.f;
 }
 
 // Every block routes (warp 0) and publishes the choice in shared memory; block 0 also writes it
