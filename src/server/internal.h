@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/gen_config.h"
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/server.h"
@@ -57,7 +58,7 @@ struct server {
     struct tokenizer *tok;
     int chat_flavor;
     int n_ctx;
-    int32_t eos[2];
+    struct eos_set eos; // the same end ids as `wren run`
     int32_t im_start, think_end;
     struct sampler_params gen_defaults; // generation_config.json
     char model_name[256];

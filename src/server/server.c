@@ -51,11 +51,9 @@ static int open_model(struct server *sv, struct wren_err *e) {
     if (!(sv->session = wren_session_new(sv->engine, 0, e))) return -1;
     sv->n_ctx = wren_session_max_ctx(sv->session);
     sv->chat_flavor = (int)chat_flavor_detect(dir);
-    sv->eos[0] = tokenizer_token_id(sv->tok, "<|im_end|>");
-    sv->eos[1] = tokenizer_token_id(sv->tok, "<|endoftext|>");
     sv->im_start = tokenizer_token_id(sv->tok, "<|im_start|>");
     sv->think_end = tokenizer_token_id(sv->tok, "</think>");
-    if (sv->eos[0] < 0 || sv->im_start < 0)
+    if (tokenizer_token_id(sv->tok, "<|im_end|>") < 0 || sv->im_start < 0)
         return wren_errf(e,
                          "%s: the tokenizer has no <|im_start|>/<|im_end|> tokens (not a Qwen "
                          "chat tokenizer?)",
@@ -63,6 +61,7 @@ static int open_model(struct server *sv, struct wren_err *e) {
     struct gen_config gc;
     if (gen_config_load(dir, &gc, e)) return -1;
     sv->gen_defaults = gc.sampling;
+    eos_set_build(&sv->eos, &gc, wren_engine_config(sv->engine), sv->tok);
     model_name(sv, dir);
     return 0;
 }

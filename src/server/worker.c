@@ -134,7 +134,7 @@ static int on_token(void *ud, const struct sampled_token *t) {
     if (atomic_load(&j->cancel) || atomic_load(&g->sv->stopping)) return g->cancelled = true, 1;
     if (now_sec() > j->deadline) return g->timed_out = true, 1;
     g->n_gen++;
-    if (t->id == g->sv->eos[0] || t->id == g->sv->eos[1]) return g->finish = "stop", 1;
+    if (eos_set_has(&g->sv->eos, t->id)) return g->finish = "stop", 1;
     if (j->req.logprobs) cJSON_AddItemToArray(g->logprobs, oai_logprob(g->sv->tok, t));
     if (push_token_text(g, t->id)) return g->finish = "stop", 1;
     if (g->force && t->id == g->sv->think_end) return g->force_now = true, 1;

@@ -13,7 +13,7 @@ import jinja2
 import pytest
 from tokenizers import Tokenizer
 
-from server_helpers import SRC, TOKENIZER_DIR, Server
+from server_helpers import SRC, TOKENIZER_DIR, Server, model_variant
 
 TOOLS = [{
     "type": "function",
@@ -449,3 +449,25 @@ def test_interleaved_conversations(client, plain):
             prev_prompt[k] = reference_prompt_ids(msgs, enable_thinking=False)
             msgs += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "user", "content": "Go on."}]
+
+
+def test_generation_config_eos_ends_the_reply(tmp_path):
+    """The server ends a reply on every id of generation_config.json's eos_token_id, as `wren
+    run` does, not only on <|im_end|>/<|endoftext|>. Here " world" is listed as an end token."""
+    tok = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json"))
+    world = tok.token_to_id("\u0120world")
+    ends = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"), world]
+    model = model_variant(str(tmp_path / "tiny-eos"), {"eos_token_id": ends, "temperature": 1.0})
+    s = Server("--test-replay", model=model)
+    try:
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                  extra_body={**NO_THINK, "wren_replay": "Hello world, again."})
+        r = s.client().chat.completions.create(**kw)
+        assert r.choices[0].message.content == "Hello"
+        assert r.choices[0].finish_reason == "stop"
+        assert r.usage.completion_tokens == 2  # the end token counts, as with <|im_end|>
+        chunks = list(s.client().chat.completions.create(stream=True, **kw))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Hello"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    finally:
+        s.stop()
