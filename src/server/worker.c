@@ -296,6 +296,9 @@ static char *final_body(struct gen *g, int cached, const char *finish) {
     return s;
 }
 
+// Ends the job with an error: the JSON body of a non-streaming response, or, in a stream whose
+// 200 has gone out, an error event followed by [DONE] (the stream still ends properly, and
+// OpenAI clients raise the error).
 static void fail(struct job *j, int status, const char *type, const char *msg) {
     struct oai_error err;
     oai_errorf(&err, status, type, NULL, "%s", msg);
@@ -303,7 +306,7 @@ static void fail(struct job *j, int status, const char *type, const char *msg) {
     if (j->req.stream) {
         size_t n = strlen(body) + 32;
         char *line = xmalloc(n);
-        snprintf(line, n, "data: %s\n\n", body);
+        snprintf(line, n, "data: %s\n\ndata: [DONE]\n\n", body);
         job_emit(j, line, strlen(line));
         free(line);
         free(body);
@@ -311,6 +314,19 @@ static void fail(struct job *j, int status, const char *type, const char *msg) {
     } else {
         job_finish(j, status, body);
     }
+}
+
+// A job stopped before its end: its client left or the server is stopping (nothing to answer),
+// or it ran past --timeout (504). `phase` names where, for the message.
+static void end_early(struct server *sv, struct job *j, bool client_left, const char *phase) {
+    char msg[128];
+    if (client_left) {
+        job_finish(j, 499, NULL);
+    } else {
+        snprintf(msg, sizeof msg, "the request timed out during %s (--timeout)", phase);
+        fail(j, 504, "timeout", msg);
+    }
+    metrics_request(&sv->metrics, OUT_CANCELLED);
 }
 
 static void report_cache(struct server *sv, int hit) {
@@ -333,17 +349,15 @@ static void run_job(struct server *sv, struct job *j) {
     }
     int rc = prefill(sv, j, cached, &e);
     double t1 = now_sec();
+    if (rc < 0) {
+        wren_session_reset(sv->session); // a failed engine call may have left partial state
+        fail(j, 500, "server_error", e.msg);
+        metrics_request(&sv->metrics, OUT_SERVER_ERROR);
+        return;
+    }
     if (rc) {
-        bool err = rc < 0;
-        // a failed engine call may have left partial state: never resume from it
-        if (err) wren_session_reset(sv->session);
-        if (err)
-            fail(j, 500, "server_error", e.msg);
-        else if (atomic_load(&j->cancel))
-            job_finish(j, 499, NULL);
-        else
-            fail(j, 504, "timeout", "the request timed out during prompt processing");
-        metrics_request(&sv->metrics, err ? OUT_SERVER_ERROR : OUT_CANCELLED);
+        end_early(sv, j, atomic_load(&j->cancel) || atomic_load(&sv->stopping),
+                  "prompt processing");
         return;
     }
 
@@ -379,12 +393,8 @@ static void run_job(struct server *sv, struct job *j) {
         wren_session_reset(sv->session); // partial state must not be resumed from
         fail(j, 500, "server_error", e.msg);
         metrics_request(&sv->metrics, OUT_SERVER_ERROR);
-    } else if (g.cancelled) {
-        job_finish(j, 499, NULL);
-        metrics_request(&sv->metrics, OUT_CANCELLED);
-    } else if (g.timed_out && !j->req.stream) {
-        fail(j, 504, "timeout", "the request timed out during generation");
-        metrics_request(&sv->metrics, OUT_CANCELLED);
+    } else if (g.cancelled || g.timed_out) {
+        end_early(sv, j, g.cancelled, "generation");
     } else if (j->req.stream) {
         cJSON *delta, *c = delta_chunk(&g, &delta);
         cJSON_ReplaceItemInObject(choice0(c), "finish_reason", cJSON_CreateString(finish));
