@@ -24,7 +24,7 @@ if [ "${1:-}" != "--no-python" ]; then
     python3 -m venv .venv
   fi
   if ! cmp -s tests/requirements.txt .venv/.requirements 2>/dev/null; then
-    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q pip==26.3 # pinned like the requirements: the same resolver everywhere
     .venv/bin/python -m pip install -q -r tests/requirements.txt
     cp tests/requirements.txt .venv/.requirements
   fi

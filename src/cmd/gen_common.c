@@ -15,19 +15,6 @@
 #define ANSI_DIM   "\x1b[2m"
 #define ANSI_RESET "\x1b[0m"
 
-static void add_eos(struct gen *g, int32_t id) {
-    if (id < 0) return;
-    for (int i = 0; i < g->n_eos; i++)
-        if (g->eos[i] == id) return;
-    if (g->n_eos < (int)(sizeof g->eos / sizeof g->eos[0])) g->eos[g->n_eos++] = id;
-}
-
-static bool is_eos(const struct gen *g, int32_t id) {
-    for (int i = 0; i < g->n_eos; i++)
-        if (g->eos[i] == id) return true;
-    return false;
-}
-
 // Without --seed every run differs, like other engines; the seed mixes the clock and the pid.
 static uint64_t fresh_seed(void) {
     struct timespec ts;
@@ -66,11 +53,7 @@ int gen_open(struct gen *g, const struct gen_opts *o, struct wren_err *e) {
     if (!(g->s = wren_session_new(g->en, 0, e))) goto fail;
     g->flavor = chat_flavor_detect(dir);
     merge_sampling(g, &gc);
-    for (int i = 0; i < gc.n_eos; i++) add_eos(g, gc.eos[i]);
-    const struct model_config *mc = wren_engine_config(g->en);
-    for (int i = 0; i < mc->n_eos; i++) add_eos(g, mc->eos[i]);
-    add_eos(g, tokenizer_token_id(g->tok, "<|im_end|>"));
-    add_eos(g, tokenizer_token_id(g->tok, "<|endoftext|>"));
+    eos_set_build(&g->eos, &gc, wren_engine_config(g->en), g->tok);
     if (o->log_path && !(g->log = fopen(o->log_path, "a"))) {
         wren_errf(e, "--log %s: cannot open for writing", o->log_path);
         goto fail;
@@ -181,7 +164,7 @@ static int on_token(void *ud, const struct sampled_token *t) {
         st->finish = "interrupted";
         return 1;
     }
-    if (is_eos(g, t->id)) {
+    if (eos_set_has(&g->eos, t->id)) {
         st->finish = "stop";
         return 1;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "engine/engine.h"
+#include "engine/gen_config.h"
 #include "engine/sampler.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -54,8 +55,7 @@ struct gen {
     struct tokenizer *tok;
     enum chat_flavor flavor;
     struct sampler_params sampling; // defaults < generation_config.json < command line
-    int n_eos;
-    int32_t eos[2 * WREN_MAX_EOS + 2];
+    struct eos_set eos;
     bool snapshots;             // keep a snapshot per turn for the next one (chat)
     struct wren_snapshot *snap; // state at the end of the last user turn (see gen_chat_turn)
     FILE *log;

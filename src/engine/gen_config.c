@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "text/tokenizer.h"
 #include "util/util.h"
 
 // A numeric key within [lo, hi]; absent or JSON null leaves *out unchanged.
@@ -93,4 +94,24 @@ int gen_config_load(const char *dir, struct gen_config *gc, struct wren_err *e) 
     int rc = gen_config_parse(text, len, path, gc, e);
     free(text);
     return rc;
+}
+
+static void eos_add(struct eos_set *s, int32_t id) {
+    if (id < 0 || eos_set_has(s, id)) return;
+    if (s->n < (int)(sizeof s->ids / sizeof s->ids[0])) s->ids[s->n++] = id;
+}
+
+void eos_set_build(struct eos_set *s, const struct gen_config *gc, const struct model_config *mc,
+                   const struct tokenizer *tok) {
+    s->n = 0;
+    for (int i = 0; gc && i < gc->n_eos; i++) eos_add(s, gc->eos[i]);
+    for (int i = 0; mc && i < mc->n_eos; i++) eos_add(s, mc->eos[i]);
+    eos_add(s, tokenizer_token_id(tok, "<|im_end|>"));
+    eos_add(s, tokenizer_token_id(tok, "<|endoftext|>"));
+}
+
+bool eos_set_has(const struct eos_set *s, int32_t id) {
+    for (int i = 0; i < s->n; i++)
+        if (s->ids[i] == id) return true;
+    return false;
 }

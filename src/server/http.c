@@ -1,7 +1,7 @@
 // libmicrohttpd glue: routing, authentication, body limits, SSE streaming, and noticing clients
 // that go away (their job is cancelled and leaves the queue or stops within one token).
 #include <arpa/inet.h>
-#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,11 +50,15 @@ static enum MHD_Result too_large(struct server *sv, struct MHD_Connection *c) {
                  "the request body is larger than the limit of %s bytes (--max-body)", limit);
 }
 
+// The client closed its end (FIN) or reset the connection. POLLRDHUP reports the FIN even when
+// unread bytes (a pipelined request, stray data) are queued before it, where peeking at the next
+// byte would only see the data; nothing is consumed, so a request pipelined by a client that is
+// still there stays intact for libmicrohttpd.
 static bool client_gone(int fd) {
     if (fd < 0) return false;
-    char ch;
-    ssize_t r = recv(fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false; // nothing to report (or EINTR: look again next time)
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 static void wait_a_little(struct job *j) {
@@ -73,6 +77,30 @@ struct stream {
 static void abandon(struct server *sv, struct job *j) {
     atomic_store(&j->cancel, true);
     if (queue_remove(&sv->queue, j)) metrics_request(&sv->metrics, OUT_CANCELLED);
+}
+
+static bool is_done(const struct job *j) {
+    return j->done;
+}
+
+static bool is_started(const struct job *j) {
+    return j->started || j->done;
+}
+
+// Waits, checking the client every POLL_MS, until `until` holds for the job; false when the
+// client went away first (the job is then abandoned: it leaves the queue or stops generating).
+static bool wait_for(struct server *sv, struct job *j, bool (*until)(const struct job *)) {
+    pthread_mutex_lock(&j->mu);
+    while (!until(j)) {
+        wait_a_little(j);
+        if (!until(j) && client_gone(j->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            abandon(sv, j);
+            return false;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return true;
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -109,6 +137,33 @@ static int client_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+// The SSE response; the job's reference passes to it (dropped in stream_free).
+static enum MHD_Result start_stream(struct server *sv, struct MHD_Connection *c, struct job *j) {
+    struct stream *st = xmalloc(sizeof *st);
+    *st = (struct stream){sv, j};
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+// The finished job's JSON response, and the job released. Jobs ended without a body: the
+// client left (499: nothing to answer) or the queue was emptied at shutdown (503).
+static enum MHD_Result answer(struct MHD_Connection *c, struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    int status = j->status;
+    char *body = j->body;
+    j->body = NULL;
+    pthread_mutex_unlock(&j->mu);
+    job_release(j);
+    if (body) return send_body(c, status, "application/json", body);
+    if (status == 499) return MHD_NO;
+    return error(c, 503, "server_error", "%s", "the server is shutting down");
+}
+
 static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection *c,
                                         struct req_ctx *rc) {
     struct oai_error err = {0};
@@ -136,38 +191,16 @@ static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection
     // for clients that stall while sending) becomes the request timeout, with slack so that
     // the worker's own deadline ends the response properly first.
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)sv->o.timeout_s + 30);
-    if (j->req.stream) {
-        struct stream *st = xmalloc(sizeof *st);
-        *st = (struct stream){sv, j};
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
-                                                                   stream_read, st, stream_free);
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-        MHD_destroy_response(r);
-        return ret;
+    // A stream's 200 goes out only once the worker takes the job: until then it can still fail
+    // as a whole (503 when the server stops while it waits) with a plain JSON error.
+    if (!wait_for(sv, j, j->req.stream ? is_started : is_done)) {
+        job_release(j);
+        return MHD_NO;
     }
     pthread_mutex_lock(&j->mu);
-    while (!j->done) {
-        wait_a_little(j);
-        if (!j->done && client_gone(j->fd)) {
-            pthread_mutex_unlock(&j->mu);
-            abandon(sv, j);
-            job_release(j);
-            return MHD_NO;
-        }
-    }
-    int status = j->status;
-    char *body = j->body;
-    j->body = NULL;
+    bool stream = j->req.stream && j->started;
     pthread_mutex_unlock(&j->mu);
-    job_release(j);
-    if (!body) {
-        free(body);
-        if (status == 499) return MHD_NO;
-        return error(c, 503, "server_error", "%s", "the server is shutting down");
-    }
-    return send_body(c, status, "application/json", body);
+    return stream ? start_stream(sv, c, j) : answer(c, j);
 }
 
 static bool authorized(struct server *sv, struct MHD_Connection *c) {
@@ -191,6 +224,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!rc) {
         rc = xcalloc(1, sizeof *rc);
         *con_cls = rc;
+        atomic_fetch_add(&sv->in_flight, 1); // until completed() is told the response is out
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > sv->o.max_body) {
             rc->too_large = true;
@@ -235,14 +269,23 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return error(c, 404, "invalid_request_error", "%s", "unknown endpoint");
 }
 
+// The request is over: its response was sent, or the connection failed or was closed.
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    struct server *sv = cls;
     struct req_ctx *rc = *con_cls;
     if (!rc) return;
     free(rc->body);
     free(rc);
     *con_cls = NULL;
+    atomic_fetch_sub(&sv->in_flight, 1);
+}
+
+void http_drain(struct server *sv, double seconds) {
+    double end = now_sec() + seconds;
+    struct timespec tick = {0, POLL_MS * 1000000L};
+    while (atomic_load(&sv->in_flight) > 0 && now_sec() < end) nanosleep(&tick, NULL);
 }
 
 struct MHD_Daemon *http_start(struct server *sv, struct wren_err *e) {
@@ -265,11 +308,10 @@ struct MHD_Daemon *http_start(struct server *sv, struct wren_err *e) {
         return NULL;
     }
     (void)sl;
-    struct MHD_Daemon *d =
-        MHD_start_daemon(flags, (uint16_t)sv->o.port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR,
-                         &ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)sv->o.idle_timeout_s,
-                         MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_END);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)sv->o.port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR, &ss,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)sv->o.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_END);
     if (!d)
         wren_errf(e, "cannot listen on %s port %d (in use, or not allowed?)", sv->o.host,
                   sv->o.port);

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/gen_config.h"
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/server.h"
@@ -28,14 +29,15 @@ struct job {
     double arrived, deadline;
     int fd; // the client's socket, polled for disconnects
 
-    atomic_bool cancel; // the client went away, or the server is stopping
+    atomic_bool cancel; // the client went away
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     char *out; // streaming: SSE bytes not yet sent
     size_t out_len, out_pos, out_cap;
+    bool started; // the worker took it (a stream's headers go out from then on)
     bool done;
-    int status; // non-streaming: the final response
+    int status; // the final HTTP status (a stream that failed late still sent 200)
     char *body;
     int refs;
     struct job *next; // queue link
@@ -57,13 +59,20 @@ struct server {
     struct tokenizer *tok;
     int chat_flavor;
     int n_ctx;
-    int32_t eos[2];
+    struct eos_set eos; // the same end ids as `wren run`
     int32_t im_start, think_end;
     struct sampler_params gen_defaults; // generation_config.json
     char model_name[256];
     struct job_queue queue;
     struct metrics metrics;
+    // Shutdown, in order: stopping (no new requests; the queued ones get 503), then, once
+    // --shutdown-timeout has passed, shutdown_now (the running request ends with a 503 / an
+    // error event). worker_done: the worker thread has returned. in_flight: requests between
+    // their first byte and their last response byte (the shutdown waits for them to be sent).
     atomic_bool stopping;
+    atomic_bool shutdown_now;
+    atomic_bool worker_done;
+    atomic_int in_flight;
 };
 
 void queue_init(struct job_queue *q, int cap);
@@ -78,7 +87,9 @@ void queue_stop(struct job_queue *q);
 
 struct job *job_new(void);
 void job_release(struct job *j);
-// Worker side: appends SSE bytes / finishes the job, waking the connection's thread.
+// Worker side: marks the job taken / appends SSE bytes / finishes the job, waking the
+// connection's thread.
+void job_start(struct job *j);
 void job_emit(struct job *j, const char *data, size_t len);
 void job_finish(struct job *j, int status, char *body);
 

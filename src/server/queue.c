@@ -111,6 +111,13 @@ void job_release(struct job *j) {
     free(j);
 }
 
+void job_start(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->started = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
 void job_emit(struct job *j, const char *data, size_t len) {
     pthread_mutex_lock(&j->mu);
     if (j->out_pos == j->out_len) j->out_pos = j->out_len = 0;

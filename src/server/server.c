@@ -1,9 +1,12 @@
 // Server lifetime: open the model and tokenizer, start the worker and the HTTP daemon, wait for
 // SIGINT/SIGTERM, then stop in order (queue, running job, connections).
+#include <errno.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
@@ -26,6 +29,7 @@ void server_opts_default(struct server_opts *o) {
         .max_connections = 64,
         .timeout_s = 600,
         .idle_timeout_s = 30,
+        .shutdown_timeout_s = 10,
         .cache_bytes = (size_t)4096 << 20,
         .snapshot_every = 2048,
     };
@@ -51,11 +55,9 @@ static int open_model(struct server *sv, struct wren_err *e) {
     if (!(sv->session = wren_session_new(sv->engine, 0, e))) return -1;
     sv->n_ctx = wren_session_max_ctx(sv->session);
     sv->chat_flavor = (int)chat_flavor_detect(dir);
-    sv->eos[0] = tokenizer_token_id(sv->tok, "<|im_end|>");
-    sv->eos[1] = tokenizer_token_id(sv->tok, "<|endoftext|>");
     sv->im_start = tokenizer_token_id(sv->tok, "<|im_start|>");
     sv->think_end = tokenizer_token_id(sv->tok, "</think>");
-    if (sv->eos[0] < 0 || sv->im_start < 0)
+    if (tokenizer_token_id(sv->tok, "<|im_end|>") < 0 || sv->im_start < 0)
         return wren_errf(e,
                          "%s: the tokenizer has no <|im_start|>/<|im_end|> tokens (not a Qwen "
                          "chat tokenizer?)",
@@ -63,6 +65,7 @@ static int open_model(struct server *sv, struct wren_err *e) {
     struct gen_config gc;
     if (gen_config_load(dir, &gc, e)) return -1;
     sv->gen_defaults = gc.sampling;
+    eos_set_build(&sv->eos, &gc, wren_engine_config(sv->engine), sv->tok);
     model_name(sv, dir);
     return 0;
 }
@@ -74,10 +77,65 @@ static void close_model(struct server *sv) {
     if (sv->tok) tokenizer_free(sv->tok);
 }
 
+// Seconds the connections get, once the worker has stopped, to send the last responses (the
+// end of a stream, a 503) before the daemon closes them.
+#define FLUSH_SEC 2
+
+// Posted once per SIGINT/SIGTERM. A handler rather than a blocked mask and sigwait(): threads
+// started while the model loads (the CPU thread pool, the CUDA runtime's) do not block the
+// signals, and the default action there would kill the process halfway through a shutdown.
+static sem_t signalled;
+
+static void on_signal(int sig) {
+    (void)sig;
+    sem_post(&signalled); // async-signal-safe
+}
+
+static void catch_signals(void) {
+    sem_init(&signalled, 0, 0);
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); // a client that disconnects must not kill the server
+}
+
+static void wait_for_signal(void) {
+    while (sem_wait(&signalled) && errno == EINTR) continue;
+}
+
+// Waits for the worker to return (it does once the running job ends) until `deadline`; false
+// when the deadline passes or a second SIGINT/SIGTERM asks to stop at once.
+static bool worker_finished_by(struct server *sv, double deadline) {
+    struct timespec tick = {0, 20 * 1000000L};
+    while (!atomic_load(&sv->worker_done)) {
+        if (now_sec() >= deadline || sem_trywait(&signalled) == 0) return false;
+        nanosleep(&tick, NULL);
+    }
+    return true;
+}
+
+// The orderly stop: no new requests and the queued ones answered 503 at once; the running one
+// gets --shutdown-timeout to finish, then ends with a 503 (or an error event and [DONE] in a
+// stream); the responses get FLUSH_SEC to go out; then the connections are closed.
+static void shut_down(struct server *sv, pthread_t worker, struct MHD_Daemon *d) {
+    atomic_store(&sv->stopping, true);
+    queue_stop(&sv->queue);
+    double deadline = now_sec() + (d ? sv->o.shutdown_timeout_s : 0);
+    if (!worker_finished_by(sv, deadline)) atomic_store(&sv->shutdown_now, true);
+    pthread_join(worker, NULL);
+    if (!d) return;
+    http_drain(sv, FLUSH_SEC);
+    MHD_stop_daemon(d);
+}
+
 int server_run(const struct server_opts *o, struct wren_err *e) {
     struct server *sv = xcalloc(1, sizeof *sv);
     sv->o = *o;
     atomic_init(&sv->stopping, false);
+    atomic_init(&sv->shutdown_now, false);
+    atomic_init(&sv->worker_done, false);
+    atomic_init(&sv->in_flight, 0);
     metrics_init(&sv->metrics);
     queue_init(&sv->queue, o->queue_size);
     if (open_model(sv, e)) {
@@ -87,15 +145,7 @@ int server_run(const struct server_opts *o, struct wren_err *e) {
     }
     sv->cache = snap_cache_new(o->cache_bytes);
 
-    // Signals are taken synchronously by this thread; every thread started below inherits the
-    // mask. A client that disconnects must not kill the server with SIGPIPE.
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    signal(SIGPIPE, SIG_IGN);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-
+    catch_signals(); // from here on (while loading, a signal still ends the process at once)
     pthread_t worker;
     pthread_create(&worker, NULL, worker_main, sv);
     struct MHD_Daemon *d = http_start(sv, e);
@@ -103,16 +153,15 @@ int server_run(const struct server_opts *o, struct wren_err *e) {
     if (d) {
         fprintf(stderr, "wren serve: %s on %s backend, context %d; listening on http://%s:%d\n",
                 sv->model_name, wren_engine_backend(sv->engine), sv->n_ctx, o->host, http_port(d));
-        int sig;
-        sigwait(&sigs, &sig);
-        fprintf(stderr, "wren serve: stopping\n");
+        wait_for_signal();
+        fprintf(stderr,
+                "wren serve: stopping (a running request gets up to %d s to finish; a second "
+                "signal ends it now)\n",
+                o->shutdown_timeout_s);
     } else {
         rc = -1;
     }
-    atomic_store(&sv->stopping, true);
-    queue_stop(&sv->queue);
-    pthread_join(worker, NULL);
-    if (d) MHD_stop_daemon(d);
+    shut_down(sv, worker, d);
     close_model(sv);
     free(sv);
     return rc;

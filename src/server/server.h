@@ -18,11 +18,12 @@ struct server_opts {
     int max_tokens_default; // when the request sets none (0: until the context is full)
     int queue_size;         // requests waiting behind the one computing
     int max_connections;
-    int timeout_s;      // per request, from arrival to the last token
-    int idle_timeout_s; // a connection that sends nothing for this long is closed
-    size_t cache_bytes; // snapshot cache budget; 0 disables session reuse entirely
-    int snapshot_every; // take a state snapshot every N prompt tokens
-    bool test_replay;   // hidden: accept "wren_replay" (tests of the parsing/streaming path)
+    int timeout_s;          // per request, from arrival to the last token
+    int idle_timeout_s;     // a connection that sends nothing for this long is closed
+    int shutdown_timeout_s; // on SIGINT/SIGTERM, how long the running request may still take
+    size_t cache_bytes;     // snapshot cache budget; 0 disables session reuse entirely
+    int snapshot_every;     // take a state snapshot every N prompt tokens
+    bool test_replay;       // hidden: accept "wren_replay" (tests of the parsing/streaming path)
 };
 
 void server_opts_default(struct server_opts *o);

@@ -29,8 +29,8 @@ struct gen {
     struct stop_strings *stop;
     bool stopped; // a stop string matched
     struct chat_parser *parser;
-    const char *finish; // "stop" / "length"; NULL while generating
-    bool cancelled, timed_out;
+    const char *finish;                   // "stop" / "length"; NULL while generating
+    bool cancelled, shut_down, timed_out; // why it stopped early: client, server, --timeout
     int n_gen;
     char *force;    // text forced after </think> (tool_choice required / named)
     bool force_now; // generation paused to inject it
@@ -131,10 +131,11 @@ static bool push_token_text(struct gen *g, int32_t id) {
 static int on_token(void *ud, const struct sampled_token *t) {
     struct gen *g = ud;
     struct job *j = g->j;
-    if (atomic_load(&j->cancel) || atomic_load(&g->sv->stopping)) return g->cancelled = true, 1;
+    if (atomic_load(&j->cancel)) return g->cancelled = true, 1;
+    if (atomic_load(&g->sv->shutdown_now)) return g->shut_down = true, 1;
     if (now_sec() > j->deadline) return g->timed_out = true, 1;
     g->n_gen++;
-    if (t->id == g->sv->eos[0] || t->id == g->sv->eos[1]) return g->finish = "stop", 1;
+    if (eos_set_has(&g->sv->eos, t->id)) return g->finish = "stop", 1;
     if (j->req.logprobs) cJSON_AddItemToArray(g->logprobs, oai_logprob(g->sv->tok, t));
     if (push_token_text(g, t->id)) return g->finish = "stop", 1;
     if (g->force && t->id == g->sv->think_end) return g->force_now = true, 1;
@@ -225,7 +226,7 @@ static int generate(struct gen *g, int max_new, struct wren_err *e) {
     }
     if (r->replay) return replay(g, max_new, e);
     struct sampler_params sp = request_sampling(g->sv, r);
-    while (!g->finish && !g->cancelled && !g->timed_out && g->n_gen < max_new) {
+    while (!g->finish && !g->cancelled && !g->shut_down && !g->timed_out && g->n_gen < max_new) {
         int n_out = 0;
         if (wren_session_generate(g->sv->session, &sp, max_new - g->n_gen, on_token, g, &n_out, e))
             return -1;
@@ -242,7 +243,7 @@ static int prefill(struct server *sv, struct job *j, int resume, struct wren_err
     int pos = resume, every = sv->o.snapshot_every;
     int segment = sv->o.engine.prefill_chunk > 0 ? sv->o.engine.prefill_chunk : PREFILL_SEGMENT;
     while (pos < j->n_prompt) {
-        if (atomic_load(&j->cancel) || atomic_load(&sv->stopping) || now_sec() > j->deadline)
+        if (atomic_load(&j->cancel) || atomic_load(&sv->shutdown_now) || now_sec() > j->deadline)
             return 1;
         int end = j->n_prompt;
         if (end - pos > segment) end = pos + segment;
@@ -296,6 +297,9 @@ static char *final_body(struct gen *g, int cached, const char *finish) {
     return s;
 }
 
+// Ends the job with an error: the JSON body of a non-streaming response, or, in a stream whose
+// 200 has gone out, an error event followed by [DONE] (the stream still ends properly, and
+// OpenAI clients raise the error).
 static void fail(struct job *j, int status, const char *type, const char *msg) {
     struct oai_error err;
     oai_errorf(&err, status, type, NULL, "%s", msg);
@@ -303,7 +307,7 @@ static void fail(struct job *j, int status, const char *type, const char *msg) {
     if (j->req.stream) {
         size_t n = strlen(body) + 32;
         char *line = xmalloc(n);
-        snprintf(line, n, "data: %s\n\n", body);
+        snprintf(line, n, "data: %s\n\ndata: [DONE]\n\n", body);
         job_emit(j, line, strlen(line));
         free(line);
         free(body);
@@ -311,6 +315,22 @@ static void fail(struct job *j, int status, const char *type, const char *msg) {
     } else {
         job_finish(j, status, body);
     }
+}
+
+// A job stopped before its end: its client left (nothing to answer), the server is shutting
+// down (503), or it ran past --timeout (504). `phase` names where, for the message.
+static void end_early(struct server *sv, struct job *j, bool client_left, bool shut_down,
+                      const char *phase) {
+    char msg[128];
+    if (client_left) {
+        job_finish(j, 499, NULL);
+    } else if (shut_down) {
+        fail(j, 503, "server_error", "the server is shutting down");
+    } else {
+        snprintf(msg, sizeof msg, "the request timed out during %s (--timeout)", phase);
+        fail(j, 504, "timeout", msg);
+    }
+    metrics_request(&sv->metrics, OUT_CANCELLED);
 }
 
 static void report_cache(struct server *sv, int hit) {
@@ -333,17 +353,15 @@ static void run_job(struct server *sv, struct job *j) {
     }
     int rc = prefill(sv, j, cached, &e);
     double t1 = now_sec();
+    if (rc < 0) {
+        wren_session_reset(sv->session); // a failed engine call may have left partial state
+        fail(j, 500, "server_error", e.msg);
+        metrics_request(&sv->metrics, OUT_SERVER_ERROR);
+        return;
+    }
     if (rc) {
-        bool err = rc < 0;
-        // a failed engine call may have left partial state: never resume from it
-        if (err) wren_session_reset(sv->session);
-        if (err)
-            fail(j, 500, "server_error", e.msg);
-        else if (atomic_load(&j->cancel))
-            job_finish(j, 499, NULL);
-        else
-            fail(j, 504, "timeout", "the request timed out during prompt processing");
-        metrics_request(&sv->metrics, err ? OUT_SERVER_ERROR : OUT_CANCELLED);
+        end_early(sv, j, atomic_load(&j->cancel), atomic_load(&sv->shutdown_now),
+                  "prompt processing");
         return;
     }
 
@@ -379,12 +397,8 @@ static void run_job(struct server *sv, struct job *j) {
         wren_session_reset(sv->session); // partial state must not be resumed from
         fail(j, 500, "server_error", e.msg);
         metrics_request(&sv->metrics, OUT_SERVER_ERROR);
-    } else if (g.cancelled) {
-        job_finish(j, 499, NULL);
-        metrics_request(&sv->metrics, OUT_CANCELLED);
-    } else if (g.timed_out && !j->req.stream) {
-        fail(j, 504, "timeout", "the request timed out during generation");
-        metrics_request(&sv->metrics, OUT_CANCELLED);
+    } else if (g.cancelled || g.shut_down || g.timed_out) {
+        end_early(sv, j, g.cancelled, g.shut_down, "generation");
     } else if (j->req.stream) {
         cJSON *delta, *c = delta_chunk(&g, &delta);
         cJSON_ReplaceItemInObject(choice0(c), "finish_reason", cJSON_CreateString(finish));
@@ -421,11 +435,13 @@ void *worker_main(void *arg) {
             metrics_request(&sv->metrics, OUT_CANCELLED);
         } else {
             metrics_busy(&sv->metrics, 1);
+            job_start(j);
             run_job(sv, j);
             report_cache(sv, -1); // the snapshots this job saved
             metrics_busy(&sv->metrics, 0);
         }
         job_release(j);
     }
+    atomic_store(&sv->worker_done, true);
     return NULL;
 }

@@ -39,10 +39,10 @@ def tiny_model():
 
 
 class Server:
-    def __init__(self, *args, ctx=4096):
+    def __init__(self, *args, ctx=4096, model=None):
         self.log_path = tempfile.mktemp(prefix="wren-serve-log-")
         self.log = open(self.log_path, "w+b")
-        cmd = [WREN, "serve", "-m", tiny_model(), "--backend", "cpu", "--port", "0", "--ctx",
+        cmd = [WREN, "serve", "-m", model or tiny_model(), "--backend", "cpu", "--port", "0", "--ctx",
                str(ctx), "--threads", "2", "--model-name", "tiny", *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.port = None
@@ -121,6 +121,18 @@ class Server:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1])
         return 0
+
+
+def model_variant(dest, generation_config):
+    """The tiny model with another generation_config.json: the other files are linked."""
+    src = tiny_model()
+    os.makedirs(dest)
+    for name in os.listdir(src):
+        if name != "generation_config.json":
+            os.symlink(os.path.join(src, name), os.path.join(dest, name))
+    with open(os.path.join(dest, "generation_config.json"), "w") as f:
+        json.dump(generation_config, f)
+    return dest
 
 
 def raw_http(port, data, read=True, timeout=10):

@@ -207,7 +207,9 @@ def test_api_key():
 
 
 def test_request_timeout():
-    """--timeout bounds a request: non-streaming gets 504, a stream ends with "length"."""
+    """--timeout bounds a request: non-streaming gets 504; a stream ends with a timeout error
+    event and [DONE], never a finish_reason that passes for a normal end."""
+    import openai
     s = Server("--timeout", "1")
     try:
         t0 = time.time()
@@ -216,10 +218,17 @@ def test_request_timeout():
         st, _, resp = post(s, {**body, "stream": True})
         assert st == 200
         events = [l[6:] for l in resp.decode().split("\n") if l.startswith("data: ")]
-        if events[-1] == "[DONE]":  # timed out while generating
-            assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
-        else:  # timed out during the prompt (slow sanitizer builds): an error event
-            assert json.loads(events[-1])["error"]["type"] == "timeout"
+        assert events[-1] == "[DONE]"
+        err = json.loads(events[-2])["error"]
+        assert err["type"] == "timeout" and "--timeout" in err["message"]
+        chunks = [json.loads(e) for e in events[:-2]]
+        assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+        # the openai client raises it instead of returning a truncated reply
+        with pytest.raises(openai.APIError, match="timed out"):
+            for _ in s.client().chat.completions.create(
+                    model="tiny", messages=MSG, max_tokens=100000, stream=True,
+                    extra_body={"chat_template_kwargs": {"enable_thinking": False}}):
+                pass
         assert time.time() - t0 < 20
         assert s.request("GET", "/health")[0] == 200
     finally:

@@ -13,7 +13,7 @@ import jinja2
 import pytest
 from tokenizers import Tokenizer
 
-from server_helpers import SRC, TOKENIZER_DIR, Server
+from server_helpers import SRC, TOKENIZER_DIR, Server, model_variant
 
 TOOLS = [{
     "type": "function",
@@ -366,6 +366,40 @@ def test_cancel_on_disconnect(srv):
     assert status == 200
 
 
+def wait_until_idle(srv, before, what, limit=10):
+    """Waits for the worker to be free with one more cancelled request than `before`."""
+    key = 'wren_requests_total{outcome="cancelled"}'
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        m = srv.metrics()
+        if m["wren_busy"] == 0 and m[key] > before[key]:
+            return m
+        time.sleep(0.05)
+    pytest.fail(what)
+
+
+def test_cancel_on_disconnect_behind_pipelined_bytes(srv):
+    """A non-streaming client that sends more bytes (a pipelined request) and then closes: its
+    FIN sits behind the unread bytes, and must still free the worker at once."""
+    before = srv.metrics()
+    body = json.dumps({"messages": [{"role": "user", "content": "Go on forever"}],
+                       "max_tokens": 100000, "temperature": 1.0,
+                       "chat_template_kwargs": {"enable_thinking": False}}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    t0 = time.time()
+    while srv.metrics()["wren_busy"] == 0:
+        assert time.time() - t0 < 10, "the request never started"
+        time.sleep(0.02)
+    time.sleep(0.2)  # the server is now waiting on the model, not reading the socket
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.close()
+    m = wait_until_idle(srv, before, "generation did not stop after the client disconnected")
+    generated = m["wren_completion_tokens_total"] - before["wren_completion_tokens_total"]
+    assert generated < 4096 - 20  # it did not run to the end of the context
+
+
 def test_cancel_while_queued(srv):
     """A request waiting behind another leaves the queue when its client goes away."""
     before = srv.metrics()
@@ -449,3 +483,25 @@ def test_interleaved_conversations(client, plain):
             prev_prompt[k] = reference_prompt_ids(msgs, enable_thinking=False)
             msgs += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "user", "content": "Go on."}]
+
+
+def test_generation_config_eos_ends_the_reply(tmp_path):
+    """The server ends a reply on every id of generation_config.json's eos_token_id, as `wren
+    run` does, not only on <|im_end|>/<|endoftext|>. Here " world" is listed as an end token."""
+    tok = Tokenizer.from_file(os.path.join(TOKENIZER_DIR, "tokenizer.json"))
+    world = tok.token_to_id("\u0120world")
+    ends = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"), world]
+    model = model_variant(str(tmp_path / "tiny-eos"), {"eos_token_id": ends, "temperature": 1.0})
+    s = Server("--test-replay", model=model)
+    try:
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                  extra_body={**NO_THINK, "wren_replay": "Hello world, again."})
+        r = s.client().chat.completions.create(**kw)
+        assert r.choices[0].message.content == "Hello"
+        assert r.choices[0].finish_reason == "stop"
+        assert r.usage.completion_tokens == 2  # the end token counts, as with <|im_end|>
+        chunks = list(s.client().chat.completions.create(stream=True, **kw))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Hello"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    finally:
+        s.stop()
