@@ -427,11 +427,13 @@ void run_model(int kind) {
     // Chunkings are the same arithmetic when the DeltaNet recurrence runs in the same form with the
     // same 64-token blocks (the scan always; the chunked form for chunks of 64): held to 2e-3.
     // Otherwise they differ by rounding, which this model amplifies like the bf16 floor: held to
-    // the CPU tolerance, and only reported for the top-k model (its near-tied experts flip).
+    // the CPU tolerance, top-1 to twice the CPU allowance of flips (two evaluations, each at the
+    // noise floor, disagree where either flips; 40 positions move in steps of 2.5%), and only
+    // reported for the top-k model (its near-tied experts flip).
     auto consistent = [&](const char *what, const std::vector<float> &a,
                           const std::vector<float> &b, bool same) {
         if (same || kind < 2) {
-            compare(what, a, b, V, same ? 2e-3 : tol_cpu, same ? 0.98 : top1_cpu);
+            compare(what, a, b, V, same ? 2e-3 : tol_cpu, same ? 0.98 : 1 - 2 * (1 - top1_cpu));
             return;
         }
         printf("%s (info: different rounding) rel_l2 %.3e, top-1 %.1f%%\n", what,

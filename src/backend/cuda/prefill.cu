@@ -15,8 +15,11 @@ namespace {
 constexpr int MAX_EVENTS = 1024;
 constexpr int LOGIT_ROWS = 32; // rows of lm_head per step when all positions' logits are wanted
 // The DeltaNet recurrence runs in the chunked WY form (dn_wy.cu) from this many tokens per call,
-// else as the sequential scan (dn_chunk.cu). PLACEHOLDER: set from the measurements.
-constexpr int DN_CHUNKED_MIN_T = 128;
+// else as the sequential scan (dn_chunk.cu). Measured on the H200 for the 35B layer
+// (check_prefill_dn --bench, bench/RESULTS.md 2026-11-30): scan / chunked 0.027 / 0.055 ms at
+// T = 64, 0.048 / 0.060 at 128, 0.088 / 0.070 at 256, 0.172 / 0.119 at 512, then the chunked form
+// at 0.62x of the scan from 2K on (the chunked form's per-chunk prep kernel has a ~45 us floor).
+constexpr int DN_CHUNKED_MIN_T = 256;
 
 int g_dn_form = -1; // enum pf_dn_form; -1: not read from the environment yet
 
