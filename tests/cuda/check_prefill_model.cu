@@ -421,30 +421,57 @@ void run_model(int kind) {
     const double floor = rel_l2(emu.data(), ref.data(), ref.size());
     gpu_model g;
     make_gpu(g, m, 256);
-    std::vector<float> last;
-    std::vector<float> one = gpu_forward(g, m, tok, n, &last);
-    char what[200];
-    if (kind < 2) {
-        snprintf(what, sizeof what, "%s model: one chunk of 150 vs CPU f32 (floor %.1e)", name,
-                 floor);
-        // top-1: as good as the bf16-emulated CPU pass, less 2 points (it is noise too)
-        compare(what, one, ref, V, std::max(2e-2, 1.5 * floor),
-                std::min(0.98, top1(emu, ref, V) - 0.02));
-    } else {
-        printf(
-            "%s model (info): one chunk vs CPU f32 %.3e, vs CPU bf16-emulated %.3e, floor %.3e\n",
-            name, rel_l2(one.data(), ref.data(), one.size()),
-            rel_l2(one.data(), emu.data(), one.size()), floor);
+    const double tol_cpu = std::max(2e-2, 1.5 * floor);
+    // top-1: as good as the bf16-emulated CPU pass, less 2 points (it is noise too)
+    const double top1_cpu = std::min(0.98, top1(emu, ref, V) - 0.02);
+    // Chunkings are the same arithmetic when the DeltaNet recurrence runs in the same form with the
+    // same 64-token blocks (the scan always; the chunked form for chunks of 64): held to 2e-3.
+    // Otherwise they differ by rounding, which this model amplifies like the bf16 floor: held to
+    // the CPU tolerance, top-1 to twice the CPU allowance of flips (two evaluations, each at the
+    // noise floor, disagree where either flips; 40 positions move in steps of 2.5%), and only
+    // reported for the top-k model (its near-tied experts flip).
+    auto consistent = [&](const char *what, const std::vector<float> &a,
+                          const std::vector<float> &b, bool same) {
+        if (same || kind < 2) {
+            compare(what, a, b, V, same ? 2e-3 : tol_cpu, same ? 0.98 : 1 - 2 * (1 - top1_cpu));
+            return;
+        }
+        printf("%s (info: different rounding) rel_l2 %.3e, top-1 %.1f%%\n", what,
+               rel_l2(a.data(), b.data(), a.size()), 100 * top1(a, b, V));
+    };
+    const pf_dn_form forms[] = {PF_DN_SCAN_ONLY, PF_DN_CHUNKED_ONLY, PF_DN_BY_LENGTH};
+    const char *const fname[] = {"scan", "chunked", "by length"};
+    for (int f = 0; f < 3; f++) {
+        cuda_prefill_dn_form(forms[f]);
+        std::vector<float> last;
+        std::vector<float> one = gpu_forward(g, m, tok, n, &last);
+        char what[200];
+        if (kind < 2) {
+            snprintf(what, sizeof what,
+                     "%s model, DeltaNet %s: one chunk of 150 vs CPU f32 (floor %.1e)", name,
+                     fname[f], floor);
+            compare(what, one, ref, V, tol_cpu, top1_cpu);
+        } else {
+            printf("%s model, DeltaNet %s (info): one chunk vs CPU f32 %.3e, vs CPU bf16-emulated "
+                   "%.3e, floor %.3e\n",
+                   name, fname[f], rel_l2(one.data(), ref.data(), one.size()),
+                   rel_l2(one.data(), emu.data(), one.size()), floor);
+        }
+        snprintf(what, sizeof what, "%s model, DeltaNet %s: st->logits == last row of all logits",
+                 name, fname[f]);
+        report(what, rel_l2(last.data(), one.data() + (size_t)(n - 1) * V, V), 1e-6);
+        std::vector<float> ch = gpu_forward(g, m, tok, 64, nullptr);
+        snprintf(what, sizeof what, "%s model, DeltaNet %s: chunks of 64 vs one chunk", name,
+                 fname[f]);
+        consistent(what, ch, one, forms[f] != PF_DN_BY_LENGTH);
+        std::vector<float> t1 =
+            gpu_forward(g, m, std::vector<int>(tok.begin(), tok.begin() + 40), 1, nullptr);
+        snprintf(what, sizeof what, "%s model, DeltaNet %s: 40 chunks of 1 vs one chunk (first 40)",
+                 name, fname[f]);
+        consistent(what, t1, std::vector<float>(one.begin(), one.begin() + (size_t)40 * V),
+                   forms[f] == PF_DN_SCAN_ONLY);
     }
-    snprintf(what, sizeof what, "%s model: st->logits == last row of all logits", name);
-    report(what, rel_l2(last.data(), one.data() + (size_t)(n - 1) * V, V), 1e-6);
-    std::vector<float> ch = gpu_forward(g, m, tok, 64, nullptr);
-    snprintf(what, sizeof what, "%s model: chunks of 64 vs one chunk", name);
-    compare(what, ch, one, V, 2e-3);
-    std::vector<float> t1 =
-        gpu_forward(g, m, std::vector<int>(tok.begin(), tok.begin() + 40), 1, nullptr);
-    snprintf(what, sizeof what, "%s model: 40 chunks of 1 vs one chunk (first 40)", name);
-    compare(what, t1, std::vector<float>(one.begin(), one.begin() + (size_t)40 * V), V, 2e-3);
+    cuda_prefill_dn_form(PF_DN_BY_LENGTH);
     cuda_prefill_free(&g.cx);
 }
 

@@ -88,6 +88,10 @@ enum pf_kind {
 extern const char *const pf_kind_name[PF_KINDS];
 int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
                          struct wren_err *e);
+// Which form of the DeltaNet recurrence the prefill uses (tests, comparisons): by chunk length
+// (default), or always one form. WREN_CUDA_DN=scan|chunked sets it before the first prefill.
+enum pf_dn_form { PF_DN_BY_LENGTH, PF_DN_SCAN_ONLY, PF_DN_CHUNKED_ONLY };
+void cuda_prefill_dn_form(enum pf_dn_form form);
 
 // One decode step for token `tok` at position `pos` (src/backend/cuda/cuda_backend.cu): enqueued on
 // cx->stream (a replayed CUDA graph), not synchronized; leaves the logits in st->logits.

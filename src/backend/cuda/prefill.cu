@@ -14,6 +14,27 @@ namespace {
 
 constexpr int MAX_EVENTS = 1024;
 constexpr int LOGIT_ROWS = 32; // rows of lm_head per step when all positions' logits are wanted
+// The DeltaNet recurrence runs in the chunked WY form (dn_wy.cu) from this many tokens per call,
+// else as the sequential scan (dn_chunk.cu). Measured on the H200 for the 35B layer
+// (check_prefill_dn --bench, bench/RESULTS.md 2026-11-30): scan / chunked 0.027 / 0.055 ms at
+// T = 64, 0.048 / 0.060 at 128, 0.088 / 0.070 at 256, 0.172 / 0.119 at 512, then the chunked form
+// at 0.62x of the scan from 2K on (the chunked form's per-chunk prep kernel has a ~45 us floor).
+constexpr int DN_CHUNKED_MIN_T = 256;
+
+int g_dn_form = -1; // enum pf_dn_form; -1: not read from the environment yet
+
+bool dn_use_chunked(const struct dn_dims *d) {
+    if (g_dn_form < 0) { // WREN_CUDA_DN=scan|chunked forces a form (comparison runs)
+        const char *f = getenv("WREN_CUDA_DN");
+        g_dn_form = !f                      ? PF_DN_BY_LENGTH
+                    : !strcmp(f, "scan")    ? PF_DN_SCAN_ONLY
+                    : !strcmp(f, "chunked") ? PF_DN_CHUNKED_ONLY
+                                            : PF_DN_BY_LENGTH;
+    }
+    const bool want = g_dn_form == PF_DN_CHUNKED_ONLY ||
+                      (g_dn_form == PF_DN_BY_LENGTH && d->T >= DN_CHUNKED_MIN_T);
+    return want && pf_dn_chunked_fits(d);
+}
 
 } // namespace
 
@@ -78,11 +99,16 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
     const size_t I = c->expert_inter > 0 ? c->expert_inter : 1;
     const size_t SI = c->n_experts > 0 ? (c->shared_inter > 0 ? c->shared_inter : 1)
                                        : (c->dense_inter > 0 ? c->dense_inter : 1);
+    // qkv is dead once the conv has read it, so it doubles as the chunked recurrence's scratch.
+    const struct dn_dims dd = {T,           c->dn_k_heads, c->dn_v_heads,
+                               c->dn_k_dim, c->dn_v_dim,   c->conv_kernel};
+    const size_t dn_ws = pf_dn_chunked_ws_bytes(&dd) / sizeof(float) + 1;
+    const size_t qkv_n = dn_ws > T * C ? dn_ws : T * C;
     w->cap = T;
     w->bm = pf_gemm_group_bm((int)(T * K / E));
     w->rb.max_tiles = pf_moe_max_tiles(T, (int)E, (int)K, w->bm);
     if (alloc(&w->tokens, T, e) || alloc(&w->x, T * H, e) || alloc(&w->xn, T * H, e) ||
-        alloc(&w->qkv, T * C, e) || alloc(&w->qkvc, T * C, e) ||
+        alloc(&w->qkv, qkv_n, e) || alloc(&w->qkvc, T * C, e) ||
         alloc(&w->ba, T * 2 * c->dn_v_heads, e) || alloc(&w->o, T * V, e) ||
         alloc(&w->z, T * V, e) || alloc(&w->y, T * V, e) || alloc(&w->q, T * qd, e) ||
         alloc(&w->k, T * kvd, e) || alloc(&w->v, T * kvd, e) ||
@@ -127,7 +153,11 @@ int run_deltanet(runner &r, const struct dlayer *L, float *conv, float *ssm, int
     if (pf_dn_prep(s, &d, w->qkv, conv, L->dn_conv, w->qkvc, w->ba, L->dn_A_log, L->dn_dt_bias, e))
         return -1;
     r.phase(PF_DN_SCAN);
-    if (pf_dn_scan(s, &d, w->qkvc, w->ba, ssm, w->o, e)) return -1;
+    if (dn_use_chunked(&d)) {
+        if (pf_dn_chunked(s, &d, w->qkvc, w->ba, ssm, w->o, w->qkv, e)) return -1;
+    } else if (pf_dn_scan(s, &d, w->qkvc, w->ba, ssm, w->o, e)) {
+        return -1;
+    }
     r.phase(PF_DN);
     if (pf_dn_gate_norm(s, &d, w->o, w->z, L->dn_norm, c->rms_eps, w->y, e)) return -1;
     r.phase(PF_GEMM);
@@ -299,6 +329,10 @@ int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
     }
     w->prof = on;
     return 0;
+}
+
+void cuda_prefill_dn_form(enum pf_dn_form form) {
+    g_dn_form = form;
 }
 
 const char *const pf_kind_name[PF_KINDS] = {"dense GEMM",     "MoE routing",        "expert GEMMs",
