@@ -82,6 +82,8 @@ static dn_out cpu_dn(const dn_case &c, const std::vector<float> &qkv, const std:
     return r;
 }
 
+static int g_nw = 0; // the state kernel's block shape in the checks (pf_dn_chunked_test)
+
 // Runs the GPU kernels over [t0, t0 + T) of the inputs, updating dconv / dS in place.
 static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *dqkv,
                    const float *dba_in, float *dconv, float *dS, const float *dcw, const float *dA,
@@ -97,7 +99,9 @@ static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *d
         OK(pf_dn_scan(0, &d, qkvc, ba, dS, o, ERR));
     } else {
         void *ws = dev_poison<uint8_t>(pf_dn_chunked_ws_bytes(&d)); // every byte must be written
+        pf_dn_chunked_test(g_nw, 3);
         OK(pf_dn_chunked(0, &d, qkvc, ba, dS, o, ws, ERR));
+        pf_dn_chunked_test(0, 3);
         CK(cudaDeviceSynchronize());
         CK(cudaFree(ws));
     }
@@ -114,7 +118,7 @@ static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *d
 // the rmsnorm amplifying small outputs. S: both forms keep the state in f32 (the chunked one
 // through 3-pass bf16 products, ~16 bits per operand, see dn_wy.cu): 1e-4 is far below the 2e-3
 // a bf16 state would show, and the slow-gate cases over 4K-8K tokens check it does not grow.
-static void check(dn_form form, const dn_case &c, std::vector<int> splits) {
+static void check(std::vector<dn_form> forms, const dn_case &c, std::vector<int> splits) {
     const int C = 2 * c.kh * c.dk + c.vh * c.dv, K = c.K;
     std::vector<float> qkv((size_t)c.T * C), ba((size_t)c.T * 2 * c.vh), conv((size_t)C * (K - 1)),
         S((size_t)c.vh * c.dk * c.dv), cw((size_t)C * K), A_log(c.vh), dtb(c.vh), nw(c.dv);
@@ -129,32 +133,35 @@ static void check(dn_form form, const dn_case &c, std::vector<int> splits) {
     std::vector<uint16_t> z = rand_bf16((size_t)c.T * c.vh * c.dv, 1.f);
     dn_out ref = cpu_dn(c, qkv, ba, conv, S, cw, A_log, dtb, z, nw);
 
-    float *dqkv = dev_upload(qkv), *dba = dev_upload(ba), *dconv = dev_upload(conv),
-          *dS = dev_upload(S), *dcw = dev_upload(cw), *dA = dev_upload(A_log),
-          *ddt = dev_upload(dtb), *dnw = dev_upload(nw);
-    uint16_t *dz = dev_upload(z), *dy = dev_poison<uint16_t>(z.size());
     splits.push_back(c.T); // calls cover [0, s1), [s1, s2), ..., [.., T)
-    char sp[64] = "";
-    for (int t0 = 0, i = 0; t0 < c.T; t0 = splits[i++]) {
-        gpu_dn(form, c, t0, splits[i] - t0, dqkv, dba, dconv, dS, dcw, dA, ddt, dz, dnw, dy);
-        if (splits[i] < c.T)
-            snprintf(sp + strlen(sp), sizeof sp - strlen(sp), "%s%d", i ? "," : " @", splits[i]);
+    for (dn_form form : forms) {
+        float *dqkv = dev_upload(qkv), *dba = dev_upload(ba), *dconv = dev_upload(conv),
+              *dS = dev_upload(S), *dcw = dev_upload(cw), *dA = dev_upload(A_log),
+              *ddt = dev_upload(dtb), *dnw = dev_upload(nw);
+        uint16_t *dz = dev_upload(z), *dy = dev_poison<uint16_t>(z.size());
+        char sp[64] = "";
+        for (int t0 = 0, i = 0; t0 < c.T; t0 = splits[i++]) {
+            gpu_dn(form, c, t0, splits[i] - t0, dqkv, dba, dconv, dS, dcw, dA, ddt, dz, dnw, dy);
+            if (splits[i] < c.T)
+                snprintf(sp + strlen(sp), sizeof sp - strlen(sp), "%s%d", i ? "," : " @",
+                         splits[i]);
+        }
+        std::vector<uint16_t> yb = dev_download(dy, z.size());
+        std::vector<float> y(yb.size());
+        for (size_t i = 0; i < y.size(); i++) y[i] = h_f32(yb[i]);
+        std::vector<float> gS = dev_download(dS, S.size()), gc = dev_download(dconv, conv.size());
+        char what[160];
+        snprintf(what, sizeof what, "dn %s T=%d h=%d/%d dk=%d dv=%d%s%s: y", form_name[form], c.T,
+                 c.kh, c.vh, c.dk, c.dv, c.slow ? " slow" : "", sp);
+        report(what, rel_l2(y.data(), ref.y.data(), y.size()), 8e-3);
+        snprintf(what, sizeof what, "dn %s T=%d%s: state S", form_name[form], c.T, sp);
+        report(what, rel_l2(gS.data(), ref.S.data(), gS.size()), 1e-4);
+        snprintf(what, sizeof what, "dn %s T=%d%s: conv state", form_name[form], c.T, sp);
+        report(what, rel_l2(gc.data(), ref.conv.data(), gc.size()), 0);
+        for (void *p : {(void *)dqkv, (void *)dba, (void *)dconv, (void *)dS, (void *)dcw,
+                        (void *)dA, (void *)ddt, (void *)dnw, (void *)dz, (void *)dy})
+            CK(cudaFree(p));
     }
-    std::vector<uint16_t> yb = dev_download(dy, z.size());
-    std::vector<float> y(yb.size());
-    for (size_t i = 0; i < y.size(); i++) y[i] = h_f32(yb[i]);
-    std::vector<float> gS = dev_download(dS, S.size()), gc = dev_download(dconv, conv.size());
-    char what[160];
-    snprintf(what, sizeof what, "dn %s T=%d h=%d/%d dk=%d dv=%d%s%s: y", form_name[form], c.T, c.kh,
-             c.vh, c.dk, c.dv, c.slow ? " slow" : "", sp);
-    report(what, rel_l2(y.data(), ref.y.data(), y.size()), 8e-3);
-    snprintf(what, sizeof what, "dn %s T=%d%s: state S", form_name[form], c.T, sp);
-    report(what, rel_l2(gS.data(), ref.S.data(), gS.size()), 1e-4);
-    snprintf(what, sizeof what, "dn %s T=%d%s: conv state", form_name[form], c.T, sp);
-    report(what, rel_l2(gc.data(), ref.conv.data(), gc.size()), 0);
-    for (void *p : {(void *)dqkv, (void *)dba, (void *)dconv, (void *)dS, (void *)dcw, (void *)dA,
-                    (void *)ddt, (void *)dnw, (void *)dz, (void *)dy})
-        CK(cudaFree(p));
 }
 
 // Both forms of the recurrence on the 35B layer (16/32 heads, dk = dv = 128) at T tokens; the
@@ -210,22 +217,22 @@ static void bench(int T) {
 
 int main(int argc, char **argv) {
     const bool do_bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
-    for (dn_form f : {FORM_SCAN, FORM_CHUNKED}) {
-        check(f, {77, 2, 4, 128, 32, 4}, {});
-        check(f, {77, 2, 4, 128, 32, 4}, {50});
-        check(f, {2, 2, 4, 128, 32, 4}, {1}); // calls shorter than the conv window
-        check(f, {1, 2, 4, 128, 32, 4}, {});
-        check(f, {45, 1, 2, 64, 16, 4}, {});
-        check(f, {33, 2, 2, 32, 48, 3}, {});
-        check(f, {64, 2, 4, 128, 128, 4}, {});        // exactly one chunk
-        check(f, {200, 2, 4, 128, 64, 4}, {65, 129}); // calls straddling chunk boundaries
-        check(f, {4099, 2, 4, 128, 128, 4, true}, {1500, 1501});
-        check(f, {8192, 2, 4, 128, 128, 4, true}, {});
-        check(f, {8192, 2, 4, 128, 128, 4}, {2048, 4096, 6144});
-    }
-    pf_dn_chunked_test(2, 3); // the state kernel's other block shape
-    check(FORM_CHUNKED, {300, 2, 4, 128, 128, 4}, {130});
-    pf_dn_chunked_test(0, 3);
+    const std::vector<dn_form> f = {FORM_SCAN, FORM_CHUNKED};
+    check(f, {77, 2, 4, 128, 32, 4}, {});
+    check(f, {77, 2, 4, 128, 32, 4}, {50});
+    check(f, {2, 2, 4, 128, 32, 4}, {1}); // calls shorter than the conv window
+    check(f, {1, 2, 4, 128, 32, 4}, {});
+    check(f, {45, 1, 2, 64, 16, 4}, {});
+    check(f, {33, 2, 2, 32, 48, 3}, {});
+    check(f, {64, 2, 4, 128, 128, 4}, {});        // exactly one chunk
+    check(f, {200, 2, 4, 128, 64, 4}, {65, 129}); // calls straddling chunk boundaries
+    check(f, {130, 1, 4, 64, 32, 4}, {});         // 4 value heads per key head
+    check(f, {4099, 2, 4, 128, 128, 4, true}, {1500, 1501});
+    check(f, {8192, 2, 4, 128, 128, 4, true}, {});
+    check(f, {8192, 2, 4, 128, 128, 4}, {2048, 4096, 6144});
+    g_nw = 2; // the state kernel's other block shape
+    check({FORM_CHUNKED}, {300, 2, 4, 128, 128, 4}, {130});
+    g_nw = 0;
     if (do_bench)
         for (int T : {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}) bench(T);
     printf(g_fail ? "check_prefill_dn: FAIL\n" : "check_prefill_dn: all ok\n");

@@ -10,8 +10,8 @@
 //     O = diag(gamma) Q S0 + P D,  P[t][s] = gamma_t/gamma_s q_t.k_s (s <= t),
 //     S_new = gamma_C S0 + (diag(gamma_C / gamma) K)^T D.
 // Everything that does not need S0 is independent per chunk: `wy_prep_kernel` computes it for
-// all chunks at once (A and P from K K^T and Q K^T on tensor cores, then W and U by forward
-// substitution in f32). `wy_state_kernel` then walks the chunks in order for a slice of value
+// all chunks at once (A and P from K K^T and Q K^T, then W and U by blocked forward substitution,
+// all on tensor cores). `wy_state_kernel` then walks the chunks in order for a slice of value
 // columns: D, O and S_new are four products with S on tensor cores.
 //
 // Precision: the state is f32 in registers and every product that feeds it (K K^T, W S, K^T D)
@@ -26,9 +26,7 @@
 
 namespace {
 
-constexpr int CH = 64;            // tokens per chunk
-constexpr int PREP_THREADS = 128; // 4 warps: one 16-row tile of the chunk each
-constexpr int AMS = CH + 4;       // row stride of A (f32) in shared memory: float4 rows
+constexpr int CH = 64;     // tokens per chunk
 constexpr int PS = CH + 8; // row stride of P (bf16) in shared memory: ldmatrix without conflicts
 constexpr float LOG_G_MIN = -100.f; // a gate that underflowed to 0 decays by e^-100 instead
 
@@ -104,10 +102,6 @@ __device__ __forceinline__ const bf16 *a_addr(const bf16 *base, int stride, int 
     return base + (size_t)(r0 + (lane & 15)) * stride + k0 + (lane >> 4) * 8;
 }
 
-template <int DK> constexpr int prep_smem() {
-    return 3 * CH * wy_dims<DK>::KS * 2 + CH * AMS * 4 + 2 * CH * 4;
-}
-
 // Cumulative log decay of the chunk (warp 0; padded steps decay by 1) and beta into shared memory.
 __device__ void load_decay(const float *ba, int t0, int n, int vh, int h, float *lg, float *beta) {
     const int lane = threadIdx.x;
@@ -128,166 +122,315 @@ __device__ void load_decay(const float *ba, int t0, int n, int vh, int h, float 
     lg[2 * lane + 1] = run;
 }
 
-// k (hi, lo) and q (hi) of the chunk into shared memory; rows past the chunk's end are zero.
-template <int DK>
-__device__ void load_qk(const float *qkv, int C, int t0, int n, int qoff, int koff, bf16 *khs,
-                        bf16 *kls, bf16 *qhs) {
-    constexpr int KS = wy_dims<DK>::KS;
-    for (int i = threadIdx.x; i < CH * DK / 4; i += PREP_THREADS) {
-        const int t = i / (DK / 4), d = (i % (DK / 4)) * 4;
-        float4 k = make_float4(0.f, 0.f, 0.f, 0.f), q = k;
-        if (t < n) {
-            const float *row = qkv + (size_t)(t0 + t) * C;
-            k = *reinterpret_cast<const float4 *>(row + koff + d);
-            q = *reinterpret_cast<const float4 *>(row + qoff + d);
-        }
-        uint32_t h0, l0, h1, l1;
-        split2(k.x, k.y, h0, l0);
-        split2(k.z, k.w, h1, l1);
-        *reinterpret_cast<uint2 *>(khs + t * KS + d) = make_uint2(h0, h1);
-        *reinterpret_cast<uint2 *>(kls + t * KS + d) = make_uint2(l0, l1);
-        *reinterpret_cast<uint2 *>(qhs + t * KS + d) =
-            make_uint2(pack_bf16(q.x, q.y), pack_bf16(q.z, q.w));
-    }
+// Block per (chunk, key head), 8 warps, taking the key head's vh / kh value heads in turn: K K^T
+// and Q K^T are computed once per key head (A and P of each value head only rescale them). Every
+// K / Q load of a thread is issued before the first is used, and the W / U right-hand sides are
+// loaded before the barriers that precede their use (the first version, a block per value head
+// with a thread per W / U column running the 63-step substitution in f32, waited on its loads with
+// little in flight, issued slowly and spilled at 255 registers: 0.94 ms at 8K tokens vs 0.33 now).
+// The substitution is blocked and runs on tensor cores: with A in 16 x 16 blocks A_ij and
+// X_ii = (I + A_ii)^-1 (four small f32 inversions, in place in A), the rows of Y = (I + A)^-1 B
+// come 16 at a time as
+//     Y_i = X_ii (B_i - sum_{j<i} A_ij Y_j),
+// evaluated transposed (Y^T: rows are W / U columns, so each warp owns whole columns and needs no
+// other warp's results, and its accumulators are directly the next product's A operand) with the
+// 3-pass bf16 split as everywhere else (~16 bits; W is stored at that precision anyway).
+constexpr int PREP_THREADS = 256;
+constexpr int FS = CH + 8; // f32 row stride of G, QK, A: fragment loads (row g, column 2t) hit 32
+                           // distinct banks per half-warp
+
+template <int DK> __host__ __device__ constexpr int prep_main_bytes() {
+    return 3 * CH * wy_dims<DK>::KS * 2 > 3 * CH * FS * 4 ? 3 * CH * wy_dims<DK>::KS * 2
+                                                          : 3 * CH * FS * 4;
+}
+// Kh, Kl, Qh (bf16) during the products, then G, QK and A (f32) over them; lg and beta of two value
+// heads (the next head's are loaded while the current one is solved).
+template <int DK> constexpr int prep_smem() {
+    return prep_main_bytes<DK>() + 4 * CH * 4;
 }
 
-// Warp w: rows 16w.. 16w+15 of G = K K^T (3 passes) and QK = Q K^T (bf16), causal tiles only;
-// the passes run over all of the warp's tiles in turn (see state_products).
+// The unit-th (of 10) causal 16 x 16 tile of G = K K^T (3 passes) and QK = Q K^T: row block rb,
+// column block cb <= rb. Hi-hi and the cross terms go to separate accumulators (shorter chains).
 template <int DK>
-__device__ void gram(const bf16 *khs, const bf16 *kls, const bf16 *qhs, float G[8][4],
-                     float QK[8][4]) {
+__device__ __forceinline__ void gram_tile(const bf16 *khs, const bf16 *kls, const bf16 *qhs, int rb,
+                                          int cb, float G[2][4], float QK[2][4]) {
     constexpr int KS = wy_dims<DK>::KS;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31;
+    float G2[2][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 4; j++) G[i][j] = QK[i][j] = 0.f;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) G[i][j] = G2[i][j] = QK[i][j] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DK / 16; kk++) {
-        uint32_t ah[4], al[4], aq[4], bh[4][4], bl[4][4];
-        ldmatrix_x4(ah, a_addr(khs, KS, 16 * w, 16 * kk, lane));
-        ldmatrix_x4(al, a_addr(kls, KS, 16 * w, 16 * kk, lane));
-        ldmatrix_x4(aq, a_addr(qhs, KS, 16 * w, 16 * kk, lane));
+        uint32_t ah[4], al[4], aq[4], bh[4], bl[4];
+        ldmatrix_x4(ah, a_addr(khs, KS, 16 * rb, 16 * kk, lane));
+        ldmatrix_x4(al, a_addr(kls, KS, 16 * rb, 16 * kk, lane));
+        ldmatrix_x4(aq, a_addr(qhs, KS, 16 * rb, 16 * kk, lane));
+        ldmatrix_x4(bh, b_addr(khs, KS, 16 * cb, 16 * kk, lane));
+        ldmatrix_x4(bl, b_addr(kls, KS, 16 * cb, 16 * kk, lane));
 #pragma unroll
-        for (int np = 0; np < 4; np++) {
-            if (np > w) break; // tiles above the diagonal block
-            ldmatrix_x4(bh[np], b_addr(khs, KS, 16 * np, 16 * kk, lane));
-            ldmatrix_x4(bl[np], b_addr(kls, KS, 16 * np, 16 * kk, lane));
+        for (int i = 0; i < 2; i++) {
+            mma_bf16(G[i], ah, bh[2 * i], bh[2 * i + 1]);
+            mma_bf16(QK[i], aq, bh[2 * i], bh[2 * i + 1]);
+            mma_bf16(G2[i], al, bh[2 * i], bh[2 * i + 1]);
         }
 #pragma unroll
-        for (int ps = 0; ps < 3; ps++)
+        for (int i = 0; i < 2; i++) mma_bf16(G2[i], ah, bl[2 * i], bl[2 * i + 1]);
+    }
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                if (np > w) break;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) G[i][j] += G2[i][j];
+}
+
+// B fragments (hi, lo) of M^T for the two n8 tiles of a 16 x 16 block of M (f32, rows r0.., columns
+// s0..): B[k][n] = M[r0 + n][s0 + k].
+__device__ __forceinline__ void bt_frags(const float *M, int r0, int s0, uint32_t bh[2][2],
+                                         uint32_t bl[2][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const uint32_t *b = ps == 1 ? bl[np] : bh[np];
-                    mma_bf16(G[2 * np + i], ps == 0 ? al : ah, b[2 * i], b[2 * i + 1]);
-                    if (ps == 0) mma_bf16(QK[2 * np + i], aq, b[2 * i], b[2 * i + 1]);
-                }
+    for (int nn = 0; nn < 2; nn++) {
+        const float *row = M + (r0 + 8 * nn + g) * FS + s0 + 2 * tq;
+        const float2 a0 = *reinterpret_cast<const float2 *>(row);
+        const float2 a1 = *reinterpret_cast<const float2 *>(row + 8);
+        split2(a0.x, a0.y, bh[nn][0], bl[nn][0]);
+        split2(a1.x, a1.y, bh[nn][1], bl[nn][1]);
+    }
+}
+
+// c[mt][nn] += a[mt] b[nn] in 3 passes (a_lo b_hi, a_hi b_lo, a_hi b_hi), each pass over the
+// (up to) 4 independent accumulators.
+__device__ __forceinline__ void mma3(float *c[2][2], const uint32_t ah[2][4],
+                                     const uint32_t al[2][4], const uint32_t bh[2][2],
+                                     const uint32_t bl[2][2], int nmt) {
+#pragma unroll
+    for (int ps = 0; ps < 3; ps++)
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            if (mt >= nmt) break;
+#pragma unroll
+            for (int nn = 0; nn < 2; nn++) {
+                if (ps == 0) mma_bf16(c[mt][nn], al[mt], bh[nn][0], bh[nn][1]);
+                if (ps == 1) mma_bf16(c[mt][nn], ah[mt], bl[nn][0], bl[nn][1]);
+                if (ps == 2) mma_bf16(c[mt][nn], ah[mt], bh[nn][0], bh[nn][1]);
             }
-    }
+        }
 }
 
-// A (masked, scaled) into shared memory, P (masked, decayed, bf16) into the workspace.
-__device__ void mask_store(const float G[8][4], const float QK[8][4], const float *lg,
-                           const float *beta, float *Am, bf16 *P) {
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+// Right-hand side of 32 columns c0.. of [W | U] (16 per m-tile; nmt m-tiles) as Y^T accumulator
+// tiles y[mt][token tile]: rows = columns, columns = tokens. Unscaled (beta, gamma come later).
+__device__ __forceinline__ void load_rhs(const float *qkv, int C, int t0, int n, int src_w,
+                                         int src_u, int DKc, int c0, int nmt,
+                                         float y[2][CH / 8][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int r = 16 * w + g + 8 * hf, s = 8 * nt + 2 * tq;
-            float p[2] = {0.f, 0.f};
-            if (nt <= 2 * w + 1) {
-                for (int i = 0; i < 2; i++) {
-                    const float dec = __expf(fminf(lg[r] - lg[s + i], 0.f));
-                    Am[r * AMS + s + i] = s + i < r ? beta[r] * dec * G[nt][2 * hf + i] : 0.f;
-                    p[i] = s + i <= r ? dec * QK[nt][2 * hf + i] : 0.f;
-                }
+        for (int nt = 0; nt < CH / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int col = c0 + 16 * mt + g + 8 * (j >> 1), tok = 8 * nt + 2 * tq + (j & 1);
+                const int src = col < DKc ? src_w + col : src_u + col - DKc;
+                y[mt][nt][j] =
+                    mt < nmt && tok < n ? __ldg(qkv + (size_t)(t0 + tok) * C + src) : 0.f;
             }
-            *reinterpret_cast<uint32_t *>(P + r * CH + s) = pack_bf16(p[0], p[1]);
-        }
-    }
 }
 
-// X = (I + A)^-1 X in place by forward substitution (A strictly lower, f32, rows of AMS floats).
-__device__ __forceinline__ void solve(const float *Am, float X[CH]) {
-#pragma unroll
-    for (int t = 1; t < CH; t++) {
-        float acc0 = X[t], acc1 = 0.f, acc2 = 0.f, acc3 = 0.f; // 4 short dependency chains
-#pragma unroll
-        for (int s = 0; s < t; s += 4) {
-            const float4 a = *reinterpret_cast<const float4 *>(Am + t * AMS + s);
-            acc0 -= a.x * X[s];
-            if (s + 1 < t) acc1 -= a.y * X[s + 1];
-            if (s + 2 < t) acc2 -= a.z * X[s + 2];
-            if (s + 3 < t) acc3 -= a.w * X[s + 3];
-        }
-        X[t] = (acc0 + acc1) + (acc2 + acc3);
-    }
-}
-
-// Block per (chunk, value head): everything of the chunk that does not depend on the state.
 template <int DK>
-__global__ void __launch_bounds__(PREP_THREADS)
+__global__ void __launch_bounds__(PREP_THREADS, 2)
     wy_prep_kernel(const float *qkv, const float *ba, float *o, wy_ws ws, int T, int C, int kh,
                    int vh, int dv) {
-    constexpr int KS = wy_dims<DK>::KS;
+    constexpr int KS = wy_dims<DK>::KS, NL = CH * DK / 4 / PREP_THREADS;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *khs = (bf16 *)smem, *kls = khs + CH * KS, *qhs = kls + CH * KS;
-    float *Am = (float *)(qhs + CH * KS), *lg = Am + CH * AMS, *beta = lg + CH;
-    const int c = blockIdx.x, h = blockIdx.y, t0 = c * CH, n = min(CH, T - t0);
-    const int khead = h / (vh / kh), qoff = khead * DK, koff = kh * DK + khead * DK;
-    const int voff = 2 * kh * DK + h * dv;
+    float *Gs = (float *)smem, *QKs = Gs + CH * FS, *As = QKs + CH * FS;
+    float *dec = (float *)(smem + prep_main_bytes<DK>()); // [2][lg CH | beta CH]
+    const int c = blockIdx.x, kq = blockIdx.y, t0 = c * CH, n = min(CH, T - t0), R = vh / kh;
+    const int qoff = kq * DK, koff = kh * DK + kq * DK;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 
-    if (threadIdx.x < 32) load_decay(ba, t0, n, vh, h, lg, beta);
-    load_qk<DK>(qkv, C, t0, n, qoff, koff, khs, kls, qhs);
-    __syncthreads();
-    {
-        float G[8][4], QK[8][4];
-        gram<DK>(khs, kls, qhs, G, QK);
-        mask_store(G, QK, lg, beta, Am, ws.P + ((size_t)c * vh + h) * CH * CH);
-    }
-    if (h % (vh / kh) == 0) { // K (hi, lo) and Q of the key head, once per key head
-        bf16 *Kd = ws.K + ((size_t)c * kh + khead) * 2 * CH * DK;
-        bf16 *Qd = ws.Q + ((size_t)c * kh + khead) * CH * DK;
-        for (int i = threadIdx.x; i < CH * DK / 8; i += PREP_THREADS) {
-            const int t = i / (DK / 8), d = (i % (DK / 8)) * 8;
-            *reinterpret_cast<uint4 *>(Kd + t * DK + d) =
-                *reinterpret_cast<const uint4 *>(khs + t * KS + d);
-            *reinterpret_cast<uint4 *>(Kd + (CH + t) * DK + d) =
-                *reinterpret_cast<const uint4 *>(kls + t * KS + d);
-            *reinterpret_cast<uint4 *>(Qd + t * DK + d) =
-                *reinterpret_cast<const uint4 *>(qhs + t * KS + d);
-        }
-    }
-    if (threadIdx.x < CH) ws.lg[((size_t)c * vh + h) * CH + threadIdx.x] = lg[threadIdx.x];
-    __syncthreads();
-
-    // One column of W (d < DK: right-hand side beta gamma k) or U (beta v) per thread.
-    bf16 *Wd = ws.W + ((size_t)c * vh + h) * 2 * CH * DK;
-    for (int col = threadIdx.x; col < DK + dv; col += PREP_THREADS) {
-        const bool isw = col < DK;
-        const int src = isw ? koff + col : voff + col - DK;
-        float X[CH];
+    { // K and Q rows: all of a thread's loads in flight at once
+        float4 kf[NL], qf[NL];
 #pragma unroll
-        for (int t = 0; t < CH; t++) {
-            const float x = t < n ? qkv[(size_t)(t0 + t) * C + src] : 0.f;
-            X[t] = x * beta[t] * (isw ? __expf(lg[t]) : 1.f);
-        }
-        solve(Am, X);
-        if (isw) {
-#pragma unroll
-            for (int t = 0; t < CH; t++) {
-                const bf16 hi = __float2bfloat16_rn(X[t]);
-                Wd[t * DK + col] = hi;
-                Wd[(CH + t) * DK + col] = __float2bfloat16_rn(X[t] - __bfloat162float(hi));
+        for (int i = 0; i < NL; i++) {
+            const int idx = threadIdx.x + i * PREP_THREADS, t = idx / (DK / 4),
+                      d = (idx % (DK / 4)) * 4;
+            kf[i] = qf[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < n) {
+                const float *row = qkv + (size_t)(t0 + t) * C;
+                kf[i] = __ldg(reinterpret_cast<const float4 *>(row + koff + d));
+                qf[i] = __ldg(reinterpret_cast<const float4 *>(row + qoff + d));
             }
-        } else {
-#pragma unroll
-            for (int t = 0; t < CH; t++)
-                if (t < n) o[(size_t)(t0 + t) * vh * dv + h * dv + col - DK] = X[t];
         }
+        if (w == 0) load_decay(ba, t0, n, vh, kq * R, dec, dec + CH);
+        bf16 *Kd = ws.K + ((size_t)c * kh + kq) * 2 * CH * DK;
+        bf16 *Qd = ws.Q + ((size_t)c * kh + kq) * CH * DK;
+#pragma unroll
+        for (int i = 0; i < NL; i++) {
+            const int idx = threadIdx.x + i * PREP_THREADS, t = idx / (DK / 4),
+                      d = (idx % (DK / 4)) * 4;
+            uint32_t h0, l0, h1, l1;
+            split2(kf[i].x, kf[i].y, h0, l0);
+            split2(kf[i].z, kf[i].w, h1, l1);
+            const uint2 kh2 = make_uint2(h0, h1), kl2 = make_uint2(l0, l1),
+                        q2 = make_uint2(pack_bf16(qf[i].x, qf[i].y), pack_bf16(qf[i].z, qf[i].w));
+            *reinterpret_cast<uint2 *>(khs + t * KS + d) = kh2;
+            *reinterpret_cast<uint2 *>(kls + t * KS + d) = kl2;
+            *reinterpret_cast<uint2 *>(qhs + t * KS + d) = q2;
+            *reinterpret_cast<uint2 *>(Kd + t * DK + d) = kh2;
+            *reinterpret_cast<uint2 *>(Kd + (CH + t) * DK + d) = kl2;
+            *reinterpret_cast<uint2 *>(Qd + t * DK + d) = q2;
+        }
+    }
+    __syncthreads();
+    { // G and QK, causal 16 x 16 tiles: warp w takes tiles w and w + 8 (of 10)
+        float G[2][2][4], QK[2][2][4];
+        int rb[2], cb[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int u = w + 8 * k;
+            rb[k] = u < 1 ? 0 : u < 3 ? 1 : u < 6 ? 2 : 3;
+            cb[k] = u - rb[k] * (rb[k] + 1) / 2;
+            if (u < 10) gram_tile<DK>(khs, kls, qhs, rb[k], cb[k], G[k], QK[k]);
+        }
+        __syncthreads(); // G, QK and A overwrite the bf16 tiles
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            if (w + 8 * k >= 10) break;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int off = (16 * rb[k] + g + 8 * hf) * FS + 16 * cb[k] + 8 * i + 2 * tq;
+                    *reinterpret_cast<float2 *>(Gs + off) =
+                        make_float2(G[k][i][2 * hf], G[k][i][2 * hf + 1]);
+                    *reinterpret_cast<float2 *>(QKs + off) =
+                        make_float2(QK[k][i][2 * hf], QK[k][i][2 * hf + 1]);
+                }
+        }
+    }
+
+    const int MT = (DK + dv) / 16, NP = (MT + 1) / 2; // m-tiles of 16 [W | U] columns; pairs
+    for (int r = 0; r < R; r++) {
+        const int h = kq * R + r, voff = 2 * kh * DK + h * dv;
+        const float *lg = dec + (r & 1) * 2 * CH, *beta = lg + CH;
+        float y[2][CH / 8][4];
+        int p = w;
+        if (p < NP) load_rhs(qkv, C, t0, n, koff, voff, DK, 32 * p, 2 * p + 1 < MT ? 2 : 1, y);
+        __syncthreads();
+        // A (strictly lower; blocks above the diagonal are never read) and P of this value head.
+        bf16 *P = ws.P + ((size_t)c * vh + h) * CH * CH;
+        for (int i = threadIdx.x; i < CH * CH / 8; i += PREP_THREADS) {
+            const int t = i / (CH / 8), s0 = (i % (CH / 8)) * 8;
+            uint32_t pk[4] = {0u, 0u, 0u, 0u};
+            if (s0 <= t) {
+                float pv[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int s = s0 + k;
+                    const float d = __expf(fminf(lg[t] - lg[s], 0.f));
+                    As[t * FS + s] = s < t ? beta[t] * d * Gs[t * FS + s] : 0.f;
+                    pv[k] = s <= t ? d * QKs[t * FS + s] : 0.f;
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++) pk[k] = pack_bf16(pv[2 * k], pv[2 * k + 1]);
+            }
+            *reinterpret_cast<uint4 *>(P + t * CH + s0) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        }
+        if (threadIdx.x < CH) ws.lg[((size_t)c * vh + h) * CH + threadIdx.x] = lg[threadIdx.x];
+        __syncthreads();
+        if (w < CH / 16) { // X_ww = (I + A_ww)^-1 by forward substitution, a column per lane
+            const int b = 16 * w, col = lane & 15;
+            float x[16];
+#pragma unroll
+            for (int rr = 0; rr < 16; rr++) {
+                float acc = rr == col ? 1.f : 0.f;
+#pragma unroll
+                for (int s = 0; s < rr; s++) acc -= As[(b + rr) * FS + b + s] * x[s];
+                x[rr] = acc;
+            }
+            __syncwarp();
+            if (lane < 16)
+#pragma unroll
+                for (int rr = 0; rr < 16; rr++) As[(b + rr) * FS + b + col] = x[rr];
+        }
+        __syncthreads();
+        for (; p < NP; p += PREP_THREADS / 32) {
+            const int c0 = 32 * p, nmt = 2 * p + 1 < MT ? 2 : 1;
+            const bool isw = c0 < DK;
+#pragma unroll
+            for (int nt = 0; nt < CH / 8; nt++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int tok = 8 * nt + 2 * tq + j;
+                    const float sc = beta[tok] * (isw ? __expf(lg[tok]) : 1.f);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        y[mt][nt][j] *= sc;
+                        y[mt][nt][j + 2] *= sc;
+                    }
+                }
+#pragma unroll
+            for (int i = 0; i < CH / 16; i++) {
+                float *acc[2][2] = {{y[0][2 * i], y[0][2 * i + 1]}, {y[1][2 * i], y[1][2 * i + 1]}};
+                uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
+#pragma unroll
+                for (int j = 0; j < i; j++) { // R_i^T -= Y_j^T A_ij^T
+                    bt_frags(As, 16 * i, 16 * j, bh, bl);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        acc_to_a(y[mt][2 * j], y[mt][2 * j + 1], ah[mt], al[mt]);
+#pragma unroll
+                        for (int k = 0; k < 4; k++) { // negated: the split is sign-symmetric
+                            ah[mt][k] ^= 0x80008000u;
+                            al[mt][k] ^= 0x80008000u;
+                        }
+                    }
+                    mma3(acc, ah, al, bh, bl, nmt);
+                }
+                // Y_i^T = R_i^T X_ii^T
+                bt_frags(As, 16 * i, 16 * i, bh, bl);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    acc_to_a(y[mt][2 * i], y[mt][2 * i + 1], ah[mt], al[mt]);
+#pragma unroll
+                    for (int k = 0; k < 4; k++) y[mt][2 * i][k] = y[mt][2 * i + 1][k] = 0.f;
+                }
+                mma3(acc, ah, al, bh, bl, nmt);
+            }
+            // Out: lanes g, g^1 swap one value so each holds two adjacent columns of one token.
+            bf16 *Wd = ws.W + ((size_t)c * vh + h) * 2 * CH * DK;
+            const bool odd = g & 1;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                if (mt >= nmt) break;
+#pragma unroll
+                for (int nt = 0; nt < CH / 8; nt++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const float v0 = y[mt][nt][2 * hf], v1 = y[mt][nt][2 * hf + 1];
+                        const float rv = __shfl_xor_sync(~0u, odd ? v0 : v1, 4);
+                        const float e0 = odd ? rv : v0, e1 = odd ? v1 : rv;
+                        const int tok = 8 * nt + 2 * tq + odd;
+                        const int d0 = c0 + 16 * mt + (g & ~1) + 8 * hf;
+                        if (isw) {
+                            uint32_t hi, lo;
+                            split2(e0, e1, hi, lo);
+                            *reinterpret_cast<uint32_t *>(Wd + tok * DK + d0) = hi;
+                            *reinterpret_cast<uint32_t *>(Wd + (CH + tok) * DK + d0) = lo;
+                        } else if (tok < n) {
+                            *reinterpret_cast<float2 *>(o + (size_t)(t0 + tok) * vh * dv + h * dv +
+                                                        d0 - DK) = make_float2(e0, e1);
+                        }
+                    }
+            }
+            const int pn = p + PREP_THREADS / 32;
+            if (pn < NP)
+                load_rhs(qkv, C, t0, n, koff, voff, DK, 32 * pn, 2 * pn + 1 < MT ? 2 : 1, y);
+        }
+        if (w == 0 && r + 1 < R)
+            load_decay(ba, t0, n, vh, h + 1, dec + ((r + 1) & 1) * 2 * CH,
+                       dec + ((r + 1) & 1) * 2 * CH + CH);
+        __syncthreads();
     }
 }
 
@@ -589,7 +732,7 @@ int launch(cudaStream_t s, const struct dn_dims *d, const float *qkv, const floa
     }
     const wy_ws ws = ws_split(ws_base, d);
     if (g_kernels & 1) {
-        wy_prep_kernel<DK><<<dim3(nc, d->vh), PREP_THREADS, psm, s>>>(qkv, ba, o, ws, d->T, C,
+        wy_prep_kernel<DK><<<dim3(nc, d->kh), PREP_THREADS, psm, s>>>(qkv, ba, o, ws, d->T, C,
                                                                       d->kh, d->vh, d->dv);
         CUDA_CHECK_LAUNCH();
     }

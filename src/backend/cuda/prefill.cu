@@ -16,10 +16,10 @@ constexpr int MAX_EVENTS = 1024;
 constexpr int LOGIT_ROWS = 32; // rows of lm_head per step when all positions' logits are wanted
 // The DeltaNet recurrence runs in the chunked WY form (dn_wy.cu) from this many tokens per call,
 // else as the sequential scan (dn_chunk.cu). Measured on the H200 for the 35B layer
-// (check_prefill_dn --bench, bench/RESULTS.md 2026-11-30): scan / chunked 0.027 / 0.055 ms at
-// T = 64, 0.048 / 0.060 at 128, 0.088 / 0.070 at 256, 0.172 / 0.119 at 512, then the chunked form
-// at 0.62x of the scan from 2K on (the chunked form's per-chunk prep kernel has a ~45 us floor).
-constexpr int DN_CHUNKED_MIN_T = 256;
+// (check_prefill_dn --bench, bench/RESULTS.md 2026-11-30, with the per-key-head prep kernel):
+// scan / chunked 0.027 / 0.035 ms at T = 64, 0.048 / 0.040 at 128, 0.089 / 0.051 at 256, then the
+// chunked form at 0.40x of the scan from 2K on (its prep kernel has a ~26 us floor).
+constexpr int DN_CHUNKED_MIN_T = 128;
 
 int g_dn_form = -1; // enum pf_dn_form; -1: not read from the environment yet
 
