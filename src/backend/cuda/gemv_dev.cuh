@@ -136,15 +136,14 @@ static __device__ __forceinline__ void gemv_epilogue(const struct gemv_seg &sg, 
 // (ties: lower id first), optional renormalisation, the shared expert's sigmoid gate. Lane l holds
 // the probabilities of experts l, l + 32, ... in registers (NPL of them); a probability's float
 // bits order like the value (it is >= 0), so each round is two warp reductions (the max key, then
-// the lowest id holding it) and a shift of the sorted list of the lane that owned it.
+// the lowest id holding it) and a rescan of its NPL registers by the lane that owned it.
 struct route_smem {
     int ids[64];
     float wts[65];
 };
 
 template <int NPL>
-static __device__ __forceinline__ void route_warp(const struct gemv_params &p,
-                                                  struct route_smem &rt) {
+static __device__ void route_warp(const struct gemv_params &p, struct route_smem &rt) {
     const int E = p.topk_E, K = p.topk_K, lane = threadIdx.x & 31;
     float v[NPL];
     float mx = -INFINITY;
@@ -166,36 +165,33 @@ static __device__ __forceinline__ void route_warp(const struct gemv_params &p,
 #pragma unroll
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float inv_sum = 1.f / sum;
-    // this lane's entries as keys (bits + 1; 0 = absent) sorted best first by an odd-even
-    // transposition network that swaps only on a strictly greater key, so equal keys keep the
-    // lower id first; a round then takes the best head in the warp, and its lane shifts its list
-    unsigned kk[NPL];
-    int jj[NPL];
+    // this lane's best untaken entry: key = bits + 1 (0 = taken or absent); ascending j keeps the
+    // lowest id among equals
+    unsigned bk;
+    int bj;
+    auto rescan = [&]() {
+        bk = 0, bj = 0;
 #pragma unroll
-    for (int j = 0; j < NPL; j++) kk[j] = v[j] >= 0.f ? __float_as_uint(v[j]) + 1u : 0u, jj[j] = j;
-#pragma unroll
-    for (int r = 0; r < NPL; r++)
-#pragma unroll
-        for (int j = r & 1; j + 1 < NPL; j += 2)
-            if (kk[j + 1] > kk[j]) {
-                const unsigned tk = kk[j];
-                const int tj = jj[j];
-                kk[j] = kk[j + 1], jj[j] = jj[j + 1];
-                kk[j + 1] = tk, jj[j + 1] = tj;
-            }
+        for (int j = 0; j < NPL; j++) {
+            const unsigned k = v[j] >= 0.f ? __float_as_uint(v[j]) + 1u : 0u;
+            if (k > bk) bk = k, bj = j;
+        }
+    };
+    rescan();
     float wsum = 0.f, myw = 0.f;
     int myid = 0;
     for (int k = 0; k < K; k++) {
-        const unsigned m = __reduce_max_sync(0xffffffffu, kk[0]);
-        const unsigned id = __reduce_min_sync(
-            0xffffffffu, kk[0] == m ? (unsigned)(lane + 32 * jj[0]) : 0xffffffffu);
+        const unsigned m = __reduce_max_sync(0xffffffffu, bk);
+        const unsigned id =
+            __reduce_min_sync(0xffffffffu, bk == m ? (unsigned)(lane + 32 * bj) : 0xffffffffu);
         const float w = __uint_as_float(m - 1u) * inv_sum;
         wsum += w;
         if (lane == k) myw = w, myid = (int)id;
-        if ((int)(id & 31) == lane) { // taken: the next entry becomes the head
+        if ((int)(id & 31) == lane) {
 #pragma unroll
-            for (int j = 0; j + 1 < NPL; j++) kk[j] = kk[j + 1], jj[j] = jj[j + 1];
-            kk[NPL - 1] = 0;
+            for (int j = 0; j < NPL; j++)
+                if (j == (int)(id >> 5)) v[j] = -1.f; // taken
+            rescan();
         }
     }
     if (lane < K) {
@@ -203,13 +199,6 @@ static __device__ __forceinline__ void route_warp(const struct gemv_params &p,
         rt.wts[lane] = p.norm_topk ? myw / wsum : myw;
     }
     if (lane == 0) rt.wts[K] = p.has_shared_gate ? sigmoid_f(shared_logit) : 1.f;
-}
-
-// More than 256 experts: out of line, so its registers do not weigh on the kernels that inline the
-// common case.
-static __device__ __noinline__ void route_warp_wide(const struct gemv_params &p,
-                                                    struct route_smem &rt) {
-    route_warp<ROUTE_MAX_EXPERTS / 32>(p, rt);
 }
 
 // Every block routes (warp 0) and publishes the choice in shared memory; block 0 also writes it
@@ -220,7 +209,7 @@ static __device__ __forceinline__ void route_block(const struct gemv_params &p,
         if (p.topk_E <= 256)
             route_warp<8>(p, rt);
         else
-            route_warp_wide(p, rt);
+            route_warp<ROUTE_MAX_EXPERTS / 32>(p, rt);
     }
     __syncthreads();
     if (blockIdx.x == 0 && threadIdx.x <= p.topk_K) {
