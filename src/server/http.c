@@ -1,10 +1,12 @@
 // libmicrohttpd glue: routing, authentication, body limits, SSE streaming, and noticing clients
 // that go away (their job is cancelled and leaves the queue or stops within one token).
 #include <arpa/inet.h>
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -15,6 +17,11 @@
 #include "util/util.h"
 
 #define POLL_MS 50 // how often a waiting connection checks that its client is still there
+// Unread input a waiting connection leaves alone: room for a pipelined request, and far less
+// than a receive buffer holds, so a FIN sent behind it still gets in (see client_gone).
+#define KEEP_UNREAD (16 << 10)
+#define DISCARD_MAX (4 << 20) // input dropped per check at most: a sender cannot pin the thread
+
 // Answered from the headers alone, before the body is read (the rest of it is dropped).
 enum refusal { REFUSE_NONE, REFUSE_TOO_LARGE, REFUSE_STOPPING };
 
@@ -26,9 +33,10 @@ struct req_ctx {
 
 // Queues r. While the server stops, every response closes its connection: a keep-alive client
 // (a load balancer's connection pool) then connects anew and can find a server that is up.
+// `close`: the connection's input was dropped, so it cannot carry another request.
 static enum MHD_Result queue(struct server *sv, struct MHD_Connection *c, int status,
-                             struct MHD_Response *r) {
-    if (atomic_load(&sv->stopping)) MHD_add_response_header(r, "Connection", "close");
+                             struct MHD_Response *r, bool close) {
+    if (close || atomic_load(&sv->stopping)) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
@@ -43,7 +51,7 @@ static struct MHD_Response *body_response(const char *type, char *body) {
 
 static enum MHD_Result send_body(struct server *sv, struct MHD_Connection *c, int status,
                                  const char *type, char *body) {
-    return queue(sv, c, status, body_response(type, body));
+    return queue(sv, c, status, body_response(type, body), false);
 }
 
 static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c,
@@ -69,15 +77,42 @@ static enum MHD_Result shutting_down(struct server *sv, struct MHD_Connection *c
     return error(sv, c, 503, "server_error", "%s", "the server is shutting down");
 }
 
+static int unread_bytes(int fd) {
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) ? 0 : n;
+}
+
+// Reads and drops up to DISCARD_MAX bytes of input; true at its end (the client closed) or on
+// an error such as a reset.
+static bool discard_input(int fd) {
+    char buf[16384];
+    for (size_t total = 0; total < DISCARD_MAX;) {
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0) return true;
+        if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        total += (size_t)n;
+    }
+    return false;
+}
+
 // The client closed its end (FIN) or reset the connection. POLLRDHUP reports the FIN even when
 // unread bytes (a pipelined request, stray data) are queued before it, where peeking at the next
 // byte would only see the data; nothing is consumed, so a request pipelined by a client that is
-// still there stays intact for libmicrohttpd.
-static bool client_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+// still there stays intact for libmicrohttpd. But a FIN only gets in while the receive buffer
+// has room: a client that sent more than the buffers hold and then closed has its FIN stuck in
+// its own send queue, behind bytes nobody reads, until it times out. So once more than
+// KEEP_UNREAD bytes wait, the connection drops its input from then on (a conforming client
+// pipelines nothing behind a POST, so nothing of value is lost): the rest and the FIN come in,
+// and the end of the input shows that the client left.
+static bool client_gone(struct job *j) {
+    if (j->fd < 0) return false;
+    struct pollfd p = {.fd = j->fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false; // nothing to report (or EINTR: look again next time)
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (!(p.revents & POLLIN)) return false;
+    if (!j->discarding && unread_bytes(j->fd) <= KEEP_UNREAD) return false;
+    j->discarding = true;
+    return discard_input(j->fd);
 }
 
 static void wait_a_little(struct job *j) {
@@ -112,7 +147,7 @@ static bool wait_for(struct server *sv, struct job *j, bool (*until)(const struc
     pthread_mutex_lock(&j->mu);
     while (!until(j)) {
         wait_a_little(j);
-        if (!until(j) && client_gone(j->fd)) {
+        if (!until(j) && client_gone(j)) {
             pthread_mutex_unlock(&j->mu);
             abandon(sv, j);
             return false;
@@ -129,7 +164,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     pthread_mutex_lock(&j->mu);
     while (j->out_pos == j->out_len && !j->done) {
         wait_a_little(j);
-        if (j->out_pos == j->out_len && !j->done && client_gone(j->fd)) {
+        if (j->out_pos == j->out_len && !j->done && client_gone(j)) {
             pthread_mutex_unlock(&j->mu);
             abandon(st->sv, j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -164,7 +199,7 @@ static enum MHD_Result start_stream(struct server *sv, struct MHD_Connection *c,
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    return queue(sv, c, MHD_HTTP_OK, r);
+    return queue(sv, c, MHD_HTTP_OK, r, j->discarding);
 }
 
 // The finished job's JSON response, and the job released. Jobs ended without a body: the
@@ -175,8 +210,9 @@ static enum MHD_Result answer(struct server *sv, struct MHD_Connection *c, struc
     char *body = j->body;
     j->body = NULL;
     pthread_mutex_unlock(&j->mu);
+    bool close = j->discarding;
     job_release(j);
-    if (body) return send_body(sv, c, status, "application/json", body);
+    if (body) return queue(sv, c, status, body_response("application/json", body), close);
     if (status == 499) return MHD_NO;
     return shutting_down(sv, c);
 }
