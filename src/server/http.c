@@ -1,10 +1,12 @@
 // libmicrohttpd glue: routing, authentication, body limits, SSE streaming, and noticing clients
 // that go away (their job is cancelled and leaves the queue or stops within one token).
 #include <arpa/inet.h>
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -15,50 +17,102 @@
 #include "util/util.h"
 
 #define POLL_MS 50 // how often a waiting connection checks that its client is still there
+// Unread input a waiting connection leaves alone: room for a pipelined request, and far less
+// than a receive buffer holds, so a FIN sent behind it still gets in (see client_gone).
+#define KEEP_UNREAD (16 << 10)
+#define DISCARD_MAX (4 << 20) // input dropped per check at most: a sender cannot pin the thread
+
+// Answered from the headers alone, before the body is read (the rest of it is dropped).
+enum refusal { REFUSE_NONE, REFUSE_TOO_LARGE, REFUSE_STOPPING };
 
 struct req_ctx {
     char *body;
     size_t len, cap;
-    bool too_large;
+    enum refusal refused;
 };
 
-static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *type,
-                                 char *body) {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", type);
+// Queues r. While the server stops, every response closes its connection: a keep-alive client
+// (a load balancer's connection pool) then connects anew and can find a server that is up.
+// `close`: the connection's input was dropped, so it cannot carry another request.
+static enum MHD_Result queue(struct server *sv, struct MHD_Connection *c, int status,
+                             struct MHD_Response *r, bool close) {
+    if (close || atomic_load(&sv->stopping)) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *c, const struct oai_error *err) {
-    return send_body(c, err->status, "application/json", oai_error_body(err));
+static struct MHD_Response *body_response(const char *type, char *body) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", type);
+    return r;
 }
 
-static enum MHD_Result error(struct MHD_Connection *c, int status, const char *type,
-                             const char *fmt, const char *arg) {
+static enum MHD_Result send_body(struct server *sv, struct MHD_Connection *c, int status,
+                                 const char *type, char *body) {
+    return queue(sv, c, status, body_response(type, body), false);
+}
+
+static enum MHD_Result send_error(struct server *sv, struct MHD_Connection *c,
+                                  const struct oai_error *err) {
+    return send_body(sv, c, err->status, "application/json", oai_error_body(err));
+}
+
+static enum MHD_Result error(struct server *sv, struct MHD_Connection *c, int status,
+                             const char *type, const char *fmt, const char *arg) {
     struct oai_error err;
     oai_errorf(&err, status, type, NULL, fmt, arg);
-    return send_error(c, &err);
+    return send_error(sv, c, &err);
 }
 
 static enum MHD_Result too_large(struct server *sv, struct MHD_Connection *c) {
     char limit[32];
     snprintf(limit, sizeof limit, "%zu", sv->o.max_body);
-    return error(c, 413, "invalid_request_error",
+    return error(sv, c, 413, "invalid_request_error",
                  "the request body is larger than the limit of %s bytes (--max-body)", limit);
+}
+
+static enum MHD_Result shutting_down(struct server *sv, struct MHD_Connection *c) {
+    return error(sv, c, 503, "server_error", "%s", "the server is shutting down");
+}
+
+static int unread_bytes(int fd) {
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) ? 0 : n;
+}
+
+// Reads and drops up to DISCARD_MAX bytes of input; true at its end (the client closed) or on
+// an error such as a reset.
+static bool discard_input(int fd) {
+    char buf[16384];
+    for (size_t total = 0; total < DISCARD_MAX;) {
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0) return true;
+        if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        total += (size_t)n;
+    }
+    return false;
 }
 
 // The client closed its end (FIN) or reset the connection. POLLRDHUP reports the FIN even when
 // unread bytes (a pipelined request, stray data) are queued before it, where peeking at the next
 // byte would only see the data; nothing is consumed, so a request pipelined by a client that is
-// still there stays intact for libmicrohttpd.
-static bool client_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+// still there stays intact for libmicrohttpd. But a FIN only gets in while the receive buffer
+// has room: a client that sent more than the buffers hold and then closed has its FIN stuck in
+// its own send queue, behind bytes nobody reads, until it times out. So once more than
+// KEEP_UNREAD bytes wait, the connection drops its input from then on (a conforming client
+// pipelines nothing behind a POST, so nothing of value is lost): the rest and the FIN come in,
+// and the end of the input shows that the client left.
+static bool client_gone(struct job *j) {
+    if (j->fd < 0) return false;
+    struct pollfd p = {.fd = j->fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false; // nothing to report (or EINTR: look again next time)
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (!(p.revents & POLLIN)) return false;
+    if (!j->discarding && unread_bytes(j->fd) <= KEEP_UNREAD) return false;
+    j->discarding = true;
+    return discard_input(j->fd);
 }
 
 static void wait_a_little(struct job *j) {
@@ -93,7 +147,7 @@ static bool wait_for(struct server *sv, struct job *j, bool (*until)(const struc
     pthread_mutex_lock(&j->mu);
     while (!until(j)) {
         wait_a_little(j);
-        if (!until(j) && client_gone(j->fd)) {
+        if (!until(j) && client_gone(j)) {
             pthread_mutex_unlock(&j->mu);
             abandon(sv, j);
             return false;
@@ -110,7 +164,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     pthread_mutex_lock(&j->mu);
     while (j->out_pos == j->out_len && !j->done) {
         wait_a_little(j);
-        if (j->out_pos == j->out_len && !j->done && client_gone(j->fd)) {
+        if (j->out_pos == j->out_len && !j->done && client_gone(j)) {
             pthread_mutex_unlock(&j->mu);
             abandon(st->sv, j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -145,23 +199,22 @@ static enum MHD_Result start_stream(struct server *sv, struct MHD_Connection *c,
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue(sv, c, MHD_HTTP_OK, r, j->discarding);
 }
 
 // The finished job's JSON response, and the job released. Jobs ended without a body: the
 // client left (499: nothing to answer) or the queue was emptied at shutdown (503).
-static enum MHD_Result answer(struct MHD_Connection *c, struct job *j) {
+static enum MHD_Result answer(struct server *sv, struct MHD_Connection *c, struct job *j) {
     pthread_mutex_lock(&j->mu);
     int status = j->status;
     char *body = j->body;
     j->body = NULL;
     pthread_mutex_unlock(&j->mu);
+    bool close = j->discarding;
     job_release(j);
-    if (body) return send_body(c, status, "application/json", body);
+    if (body) return queue(sv, c, status, body_response("application/json", body), close);
     if (status == 499) return MHD_NO;
-    return error(c, 503, "server_error", "%s", "the server is shutting down");
+    return shutting_down(sv, c);
 }
 
 static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection *c,
@@ -177,14 +230,14 @@ static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection
         prepare_prompt(sv, j, &err)) {
         job_release(j);
         metrics_request(&sv->metrics, OUT_CLIENT_ERROR);
-        return send_error(c, &err);
+        return send_error(sv, c, &err);
     }
     if (queue_push(&sv->queue, j)) {
         job_release(j);
         metrics_request(&sv->metrics, OUT_REJECTED);
         bool stopping = atomic_load(&sv->stopping);
         return error(
-            c, stopping ? 503 : 429, stopping ? "server_error" : "rate_limit_exceeded", "%s",
+            sv, c, stopping ? 503 : 429, stopping ? "server_error" : "rate_limit_exceeded", "%s",
             stopping ? "the server is shutting down" : "the request queue is full; retry later");
     }
     // From here the connection waits on the model, not on the client: the idle timeout (meant
@@ -200,7 +253,7 @@ static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection
     pthread_mutex_lock(&j->mu);
     bool stream = j->req.stream && j->started;
     pthread_mutex_unlock(&j->mu);
-    return stream ? start_stream(sv, c, j) : answer(c, j);
+    return stream ? start_stream(sv, c, j) : answer(sv, c, j);
 }
 
 static bool authorized(struct server *sv, struct MHD_Connection *c) {
@@ -215,6 +268,41 @@ static bool authorized(struct server *sv, struct MHD_Connection *c) {
     return diff == 0;
 }
 
+// A request answered from its headers alone, before its body is read: while the server stops,
+// anything but /metrics (which shows the drain), at once even when a large body is still on its
+// way; and a declared body over --max-body.
+static enum refusal early_refusal(struct server *sv, struct MHD_Connection *c, const char *url) {
+    if (atomic_load(&sv->stopping) && strcmp(url, "/metrics")) return REFUSE_STOPPING;
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > sv->o.max_body) return REFUSE_TOO_LARGE;
+    return REFUSE_NONE;
+}
+
+static enum MHD_Result refuse(struct server *sv, struct MHD_Connection *c, enum refusal why) {
+    return why == REFUSE_STOPPING ? shutting_down(sv, c) : too_large(sv, c);
+}
+
+// 503 once a shutdown has begun, so that load balancers stop routing here while the running
+// request drains (never needs the API key).
+static enum MHD_Result health(struct server *sv, struct MHD_Connection *c) {
+    if (atomic_load(&sv->stopping)) return shutting_down(sv, c);
+    return send_body(sv, c, 200, "application/json", xstrdup("{\"status\":\"ok\"}"));
+}
+
+static void append_upload(struct server *sv, struct req_ctx *rc, const char *upload, size_t n) {
+    if (rc->refused || rc->len + n > sv->o.max_body) {
+        if (!rc->refused) rc->refused = REFUSE_TOO_LARGE; // the rest of the body is dropped
+        return;
+    }
+    if (rc->len + n + 1 > rc->cap) {
+        rc->cap = (rc->len + n + 1) * 2;
+        if (rc->cap > sv->o.max_body + 1) rc->cap = sv->o.max_body + 1;
+        rc->body = xrealloc(rc->body, rc->cap);
+    }
+    memcpy(rc->body + rc->len, upload, n);
+    rc->len += n;
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **con_cls) {
@@ -225,39 +313,24 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         rc = xcalloc(1, sizeof *rc);
         *con_cls = rc;
         atomic_fetch_add(&sv->in_flight, 1); // until completed() is told the response is out
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > sv->o.max_body) {
-            rc->too_large = true;
-            return too_large(sv, c);
-        }
-        return MHD_YES;
+        rc->refused = early_refusal(sv, c, url);
+        return rc->refused ? refuse(sv, c, rc->refused) : MHD_YES;
     }
     if (*upload_size) {
-        if (!rc->too_large && rc->len + *upload_size <= sv->o.max_body) {
-            if (rc->len + *upload_size + 1 > rc->cap) {
-                rc->cap = (rc->len + *upload_size + 1) * 2;
-                if (rc->cap > sv->o.max_body + 1) rc->cap = sv->o.max_body + 1;
-                rc->body = xrealloc(rc->body, rc->cap);
-            }
-            memcpy(rc->body + rc->len, upload, *upload_size);
-            rc->len += *upload_size;
-        } else {
-            rc->too_large = true; // the rest of the body is read and dropped
-        }
+        append_upload(sv, rc, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
-    if (rc->too_large) return too_large(sv, c);
-    if (!strcmp(url, "/health"))
-        return send_body(c, 200, "application/json", xstrdup("{\"status\":\"ok\"}"));
+    if (rc->refused) return refuse(sv, c, rc->refused);
+    if (!strcmp(url, "/health")) return health(sv, c);
     if (!authorized(sv, c))
-        return error(c, 401, "invalid_request_error", "%s",
+        return error(sv, c, 401, "invalid_request_error", "%s",
                      "missing or wrong API key (Authorization: Bearer ...)");
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/v1/models") && get)
-        return send_body(c, 200, "application/json", oai_models_body(sv));
+        return send_body(sv, c, 200, "application/json", oai_models_body(sv));
     if (!strcmp(url, "/metrics") && get)
-        return send_body(c, 200, "text/plain; version=0.0.4",
+        return send_body(sv, c, 200, "text/plain; version=0.0.4",
                          metrics_text(&sv->metrics, queue_depth(&sv->queue)));
     if (!strcmp(url, "/v1/chat/completions") && post) {
         if (rc->body) rc->body[rc->len] = 0;
@@ -265,8 +338,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (!strcmp(url, "/v1/models") || !strcmp(url, "/metrics") ||
         !strcmp(url, "/v1/chat/completions"))
-        return error(c, 405, "invalid_request_error", "method %s not allowed here", method);
-    return error(c, 404, "invalid_request_error", "%s", "unknown endpoint");
+        return error(sv, c, 405, "invalid_request_error", "method %s not allowed here", method);
+    return error(sv, c, 404, "invalid_request_error", "%s", "unknown endpoint");
 }
 
 // The request is over: its response was sent, or the connection failed or was closed.

@@ -28,6 +28,10 @@ struct job {
     long created;
     double arrived, deadline;
     int fd; // the client's socket, polled for disconnects
+    // The connection's thread has read and dropped input from fd (to see a close queued behind
+    // it): the connection cannot carry another request and is closed after the response.
+    // Touched only by that thread.
+    bool discarding;
 
     atomic_bool cancel; // the client went away
 

@@ -184,6 +184,54 @@ def test_requests_during_shutdown_get_503():
     s.stop()
 
 
+def stopping_server():
+    """A server stopping (SIGTERM sent) while a long request still runs: it stays in that state
+    for --shutdown-timeout (5 s). Returns (server, the running request's Response)."""
+    s = Server("--shutdown-timeout", "5")
+    status, _, body = s.request("GET", "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    running = Response(send(s.port, {"max_tokens": 100000}))
+    wait_busy(s)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    return s, running
+
+
+def test_health_reports_shutdown():
+    """Once stopping, /health answers 503 with an error object, so that load balancers stop
+    sending traffic while the running request drains; the answer closes its connection."""
+    s, running = stopping_server()
+    t0 = time.time()
+    status, headers, body = s.request("GET", "/health", timeout=5)
+    assert time.time() - t0 < 1
+    doc = error_object(status, body, 503, "server_error")
+    assert "shutting down" in doc["error"]["message"]
+    assert {k.lower(): v.lower() for k, v in headers.items()}.get("connection") == "close"
+    error_object(*running.result()[::2], 503, "server_error")
+    s.stop()
+
+
+def test_new_requests_during_shutdown_get_503_at_once():
+    """A request arriving while stopping is answered 503 at once, before its body is read (a
+    client still uploading a large body is not made to finish it); every endpoint but /metrics
+    answers so (the drain stays observable)."""
+    s, running = stopping_server()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: 1000000\r\n\r\n{\"messages\": [")
+    t0 = time.time()
+    status, headers, body = Response(sock).result(timeout=10)
+    assert time.time() - t0 < 1, "the 503 waited for the body"
+    error_object(status, body, 503, "server_error")
+    assert "connection: close" in headers
+    status, _, body = s.request("GET", "/v1/models", timeout=5)
+    error_object(status, body, 503, "server_error")
+    status, _, body = s.request("GET", "/metrics", timeout=5)
+    assert status == 200 and b"wren_busy 1" in body
+    error_object(*running.result()[::2], 503, "server_error")
+    s.stop()
+
+
 def test_second_signal_stops_at_once():
     s = Server("--shutdown-timeout", "600")
     running = Response(send(s.port, {"stream": True, "max_tokens": 100000}))

@@ -400,6 +400,90 @@ def test_cancel_on_disconnect_behind_pipelined_bytes(srv):
     assert generated < 4096 - 20  # it did not run to the end of the context
 
 
+def start_chat(srv, **fields):
+    """Sends a chat completion (a long one unless told) on a fresh connection; returns the
+    socket once the worker is computing it."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Go on forever"}],
+                       "max_tokens": 100000, "temperature": 1.0, **NO_THINK, **fields}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    t0 = time.time()
+    while srv.metrics()["wren_busy"] == 0:
+        assert time.time() - t0 < 10, "the request never started"
+        time.sleep(0.02)
+    time.sleep(0.2)  # the server is now waiting on the model, not reading the socket
+    return s
+
+
+def flood(sock, limit, stall=0.5):
+    """Sends junk until `limit` bytes are out or nothing more fits for `stall` seconds (the
+    buffers on both sides are full: nobody reads). Returns the bytes sent."""
+    sock.setblocking(False)
+    sent, last = 0, time.time()
+    junk = b"x" * 65536
+    while sent < limit and time.time() - last < stall:
+        try:
+            sent += sock.send(junk)
+            last = time.time()
+        except BlockingIOError:
+            time.sleep(0.01)
+    sock.setblocking(True)
+    return sent
+
+
+def test_cancel_on_disconnect_behind_a_flood(srv):
+    """A client that sends more than the socket buffers hold and then closes: its FIN stays in
+    its own send queue behind bytes the server's full receive buffer cannot take, so it never
+    arrives (POLLRDHUP alone sees nothing). The server must read the bytes to let it in."""
+    before = srv.metrics()
+    s = start_chat(srv)
+    sent = flood(s, 64 << 20)
+    s.close()  # with unsent bytes queued: a FIN after them, not a reset
+    assert sent > 64 << 10
+    m = wait_until_idle(srv, before, "generation did not stop after the client disconnected")
+    generated = m["wren_completion_tokens_total"] - before["wren_completion_tokens_total"]
+    assert generated < 4096 - 20  # it did not run to the end of the context
+
+
+def read_to_end(sock, timeout=30):
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        b = sock.recv(65536)
+        if not b:
+            return data
+        data += b
+
+
+def test_flood_behind_a_request_closes_the_connection_after_its_answer(srv):
+    """A client still there that sends far more than a pipelined request while it waits: the
+    bytes are dropped (that is how a close behind them is seen), so they cannot be taken for a
+    next request. The answer says `Connection: close` and the connection ends after it."""
+    s = start_chat(srv, max_tokens=48)
+    sent = flood(s, 2 << 20)
+    assert sent > 64 << 10
+    raw = read_to_end(s)
+    s.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), raw[:300]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_small_pipelined_request_is_kept(srv):
+    """A request pipelined behind a running one stays intact: checking for a disconnect reads
+    nothing while the unread bytes are few, and the next request is answered on the same
+    connection."""
+    s = start_chat(srv, max_tokens=48)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw = read_to_end(s)
+    s.close()
+    first, sep, rest = raw.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200"), raw[:300]
+    assert rest.count(b"HTTP/1.1 200") == 1 and rest.endswith(b'{"status":"ok"}'), raw[-300:]
+
+
 def test_cancel_while_queued(srv):
     """A request waiting behind another leaves the queue when its client goes away."""
     before = srv.metrics()
