@@ -116,7 +116,7 @@ static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *d
 // Tolerances (rel L2), the same for both forms. y: the output is rounded to bf16 (~1e-3) and the
 // chunked form multiplies bf16 q and P on the output path (~1e-3 more); 8e-3 leaves room for
 // the rmsnorm amplifying small outputs. S: both forms keep the state in f32 (the chunked one
-// through 3-pass bf16 products, ~16 bits per operand, see dn_wy.cu): 1e-4 is far below the 2e-3
+// through 3-pass bf16 products, ~16 bits per operand, see dn_wy.cuh): 1e-4 is far below the 2e-3
 // a bf16 state would show, and the slow-gate cases over 4K-8K tokens check it does not grow.
 static void check(std::vector<dn_form> forms, const dn_case &c, std::vector<int> splits) {
     const int C = 2 * c.kh * c.dk + c.vh * c.dv, K = c.K;

@@ -14,7 +14,7 @@ namespace {
 
 constexpr int MAX_EVENTS = 1024;
 constexpr int LOGIT_ROWS = 32; // rows of lm_head per step when all positions' logits are wanted
-// The DeltaNet recurrence runs in the chunked WY form (dn_wy.cu) from this many tokens per call,
+// The DeltaNet recurrence runs in the chunked WY form (dn_wy_*.cu) from this many tokens per call,
 // else as the sequential scan (dn_chunk.cu). Measured on the H200 for the 35B layer
 // (check_prefill_dn --bench, bench/RESULTS.md 2026-11-30, with the per-key-head prep kernel):
 // scan / chunked 0.027 / 0.035 ms at T = 64, 0.048 / 0.040 at 128, 0.089 / 0.051 at 256, then the

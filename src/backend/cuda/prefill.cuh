@@ -104,7 +104,7 @@ int pf_dn_prep(cudaStream_t s, const struct dn_dims *d, const float *qkv, float 
 // The recurrence over the chunk (state S [vh][dk][dv] f32 in place), o [T, vh*dv] f32.
 int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba, float *S,
                float *o, struct wren_err *e);
-// The same recurrence in the chunked WY/UT form on tensor cores (dn_wy.cu): same inputs, outputs
+// The same recurrence in the chunked WY/UT form on tensor cores (dn_wy_*.cu): same inputs, outputs
 // and state as pf_dn_scan, plus a scratch buffer of pf_dn_chunked_ws_bytes(d) bytes (16-byte
 // aligned). Unlike the scan it uses o as scratch before writing it. pf_dn_chunked_fits: the dims
 // are supported (dk 32/64/128, dv a multiple of 16) and the device has the shared memory it needs.
