@@ -250,17 +250,6 @@ __global__ void __launch_bounds__(128)
             Sh[(size_t)(8 * i + 2 * tq + (j & 1)) * dv + jw + g + 8 * (j >> 1)] = st[i][j];
 }
 
-int dev_smem_optin() {
-    static int v = -1;
-    if (v < 0) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-            v = 48 * 1024;
-    }
-    return v;
-}
-
 int g_force_warps = 0, g_kernels = 3; // test hooks: block shape; bit 0 prep, bit 1 state kernel
 
 // Warps (of 16 value columns each) per block of wy_state_kernel. Every block stages its head's W,
@@ -272,29 +261,31 @@ int warps_per_block(const struct dn_dims *d) {
     return d->dv % 64 == 0 ? 4 : d->dv % 32 == 0 ? 2 : 1;
 }
 
-template <int DK> int stages(const struct dn_dims *d) {
-    const int nw = warps_per_block(d), optin = dev_smem_optin();
-    if (2 * stage_layout<DK>::bytes(nw) <= optin) return 2;
-    return stage_layout<DK>::bytes(nw) <= optin && prep_smem_bytes(DK) <= optin ? 1 : 0;
+// Chunk stages of wy_state_kernel that fit the device's opt-in shared memory per block; 0: the
+// form does not fit.
+template <int DK> int stages(const struct dn_dims *d, size_t smem_optin) {
+    const size_t sb = stage_layout<DK>::bytes(warps_per_block(d));
+    if (2 * sb <= smem_optin) return 2;
+    return sb <= smem_optin && (size_t)prep_smem_bytes(DK) <= smem_optin ? 1 : 0;
 }
 
-int stages_for(const struct dn_dims *d) {
+int stages_for(const struct dn_dims *d, size_t smem_optin) {
     switch (d->dk) {
     case 32:
-        return stages<32>(d);
+        return stages<32>(d, smem_optin);
     case 64:
-        return stages<64>(d);
+        return stages<64>(d, smem_optin);
     case 128:
-        return stages<128>(d);
+        return stages<128>(d, smem_optin);
     default:
         return 0;
     }
 }
 
 template <int DK>
-int launch(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba, float *S,
-           float *o, void *ws_base, struct wren_err *e) {
-    const int nw = warps_per_block(d), nst = stages<DK>(d);
+int launch(cudaStream_t s, const struct dn_dims *d, size_t smem_optin, const float *qkv,
+           const float *ba, float *S, float *o, void *ws_base, struct wren_err *e) {
+    const int nw = warps_per_block(d), nst = stages<DK>(d, smem_optin);
     const int ssm = nst * stage_layout<DK>::bytes(nw);
     static int attr_set = 0; // bytes the attribute allows, per instantiation
     if (attr_set < ssm) {
@@ -324,13 +315,13 @@ size_t pf_dn_chunked_ws_bytes(const struct dn_dims *d) {
     return wy::ws_elems_bf16(d, nc) * sizeof(bf16) + (size_t)nc * d->vh * wy::CH * sizeof(float);
 }
 
-bool pf_dn_chunked_fits(const struct dn_dims *d) {
-    return d->dv % 16 == 0 && d->kh > 0 && d->vh % d->kh == 0 && wy::stages_for(d) > 0;
+bool pf_dn_chunked_fits(const struct dn_dims *d, size_t smem_optin) {
+    return d->dv % 16 == 0 && d->kh > 0 && d->vh % d->kh == 0 && wy::stages_for(d, smem_optin) > 0;
 }
 
-int pf_dn_chunked(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba,
-                  float *S, float *o, void *ws, struct wren_err *e) {
-    if (!pf_dn_chunked_fits(d))
+int pf_dn_chunked(cudaStream_t s, const struct dn_dims *d, size_t smem_optin, const float *qkv,
+                  const float *ba, float *S, float *o, void *ws, struct wren_err *e) {
+    if (!pf_dn_chunked_fits(d, smem_optin))
         return wren_errf(e,
                          "DeltaNet (chunked): dims dk %d dv %d heads %d/%d not supported on this "
                          "device",
@@ -338,10 +329,10 @@ int pf_dn_chunked(cudaStream_t s, const struct dn_dims *d, const float *qkv, con
     if (d->T <= 0) return 0;
     switch (d->dk) {
     case 32:
-        return wy::launch<32>(s, d, qkv, ba, S, o, ws, e);
+        return wy::launch<32>(s, d, smem_optin, qkv, ba, S, o, ws, e);
     case 64:
-        return wy::launch<64>(s, d, qkv, ba, S, o, ws, e);
+        return wy::launch<64>(s, d, smem_optin, qkv, ba, S, o, ws, e);
     default:
-        return wy::launch<128>(s, d, qkv, ba, S, o, ws, e);
+        return wy::launch<128>(s, d, smem_optin, qkv, ba, S, o, ws, e);
     }
 }

@@ -23,7 +23,7 @@ constexpr int DN_CHUNKED_MIN_T = 128;
 
 int g_dn_form = -1; // enum pf_dn_form; -1: not read from the environment yet
 
-bool dn_use_chunked(const struct dn_dims *d) {
+bool dn_use_chunked(const struct dn_dims *d, size_t smem_optin) {
     if (g_dn_form < 0) { // WREN_CUDA_DN=scan|chunked forces a form (comparison runs)
         const char *f = getenv("WREN_CUDA_DN");
         g_dn_form = !f                      ? PF_DN_BY_LENGTH
@@ -33,7 +33,7 @@ bool dn_use_chunked(const struct dn_dims *d) {
     }
     const bool want = g_dn_form == PF_DN_CHUNKED_ONLY ||
                       (g_dn_form == PF_DN_BY_LENGTH && d->T >= DN_CHUNKED_MIN_T);
-    return want && pf_dn_chunked_fits(d);
+    return want && pf_dn_chunked_fits(d, smem_optin);
 }
 
 } // namespace
@@ -153,8 +153,8 @@ int run_deltanet(runner &r, const struct dlayer *L, float *conv, float *ssm, int
     if (pf_dn_prep(s, &d, w->qkv, conv, L->dn_conv, w->qkvc, w->ba, L->dn_A_log, L->dn_dt_bias, e))
         return -1;
     r.phase(PF_DN_SCAN);
-    if (dn_use_chunked(&d)) {
-        if (pf_dn_chunked(s, &d, w->qkvc, w->ba, ssm, w->o, w->qkv, e)) return -1;
+    if (dn_use_chunked(&d, r.cx->smem_optin)) {
+        if (pf_dn_chunked(s, &d, r.cx->smem_optin, w->qkvc, w->ba, ssm, w->o, w->qkv, e)) return -1;
     } else if (pf_dn_scan(s, &d, w->qkvc, w->ba, ssm, w->o, e)) {
         return -1;
     }
