@@ -84,6 +84,13 @@ static dn_out cpu_dn(const dn_case &c, const std::vector<float> &qkv, const std:
 
 static int g_nw = 0; // the state kernel's block shape in the checks (pf_dn_chunked_test)
 
+// What the backend passes as cuda_ctx.smem_optin.
+static size_t smem_optin() {
+    int v;
+    CK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    return (size_t)v;
+}
+
 // Runs the GPU kernels over [t0, t0 + T) of the inputs, updating dconv / dS in place.
 static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *dqkv,
                    const float *dba_in, float *dconv, float *dS, const float *dcw, const float *dA,
@@ -100,7 +107,7 @@ static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *d
     } else {
         void *ws = dev_poison<uint8_t>(pf_dn_chunked_ws_bytes(&d)); // every byte must be written
         pf_dn_chunked_test(g_nw, 3);
-        OK(pf_dn_chunked(0, &d, qkvc, ba, dS, o, ws, ERR));
+        OK(pf_dn_chunked(0, &d, smem_optin(), qkvc, ba, dS, o, ws, ERR));
         pf_dn_chunked_test(0, 3);
         CK(cudaDeviceSynchronize());
         CK(cudaFree(ws));
@@ -116,7 +123,7 @@ static void gpu_dn(dn_form form, const dn_case &c, int t0, int T, const float *d
 // Tolerances (rel L2), the same for both forms. y: the output is rounded to bf16 (~1e-3) and the
 // chunked form multiplies bf16 q and P on the output path (~1e-3 more); 8e-3 leaves room for
 // the rmsnorm amplifying small outputs. S: both forms keep the state in f32 (the chunked one
-// through 3-pass bf16 products, ~16 bits per operand, see dn_wy.cu): 1e-4 is far below the 2e-3
+// through 3-pass bf16 products, ~16 bits per operand, see dn_wy.cuh): 1e-4 is far below the 2e-3
 // a bf16 state would show, and the slow-gate cases over 4K-8K tokens check it does not grow.
 static void check(std::vector<dn_form> forms, const dn_case &c, std::vector<int> splits) {
     const int C = 2 * c.kh * c.dk + c.vh * c.dv, K = c.K;
@@ -192,6 +199,7 @@ static void bench(int T) {
     // scan; chunked; chunked with 2-warp state blocks; the chunked form's prep kernel alone; its
     // state kernel alone (on the prep's output of the previous run)
     const int nw[5] = {0, 0, 2, 0, 0}, kern[5] = {0, 3, 3, 1, 2};
+    const size_t optin = smem_optin();
     for (int f = 0; f < 5; f++) {
         pf_dn_chunked_test(nw[f], kern[f]);
         for (int r = -1; r < 5; r++) { // r = -1: warm-up
@@ -199,7 +207,7 @@ static void bench(int T) {
             if (f == 0)
                 OK(pf_dn_scan(0, &d, qkvc, dba, S, o, ERR));
             else
-                OK(pf_dn_chunked(0, &d, qkvc, dba, S, o, ws, ERR));
+                OK(pf_dn_chunked(0, &d, optin, qkvc, dba, S, o, ws, ERR));
             float ms = tm.stop_ms(0);
             if (r >= 0) t[f][r] = ms;
         }

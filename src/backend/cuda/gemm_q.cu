@@ -4,25 +4,14 @@
 // A tiles arrive by cp.async (3 stages); the next W tile is fetched into registers while the
 // current one is multiplied. One kernel serves the dense projections and the grouped (MoE) GEMMs:
 // in grouped mode blockIdx.x indexes a device-built tile map (expert, row range).
+#include "backend/cuda/gemm_args.cuh"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/prefill.cuh"
 
 namespace {
 
 constexpr int BN = 128, BK = 64, NTHREADS = 256, ASTAGES = 3;
 
-struct wview {
-    const uint8_t *data, *scales, *biases;
-    size_t rs, ms, sbrs, sbms;
-    int group;
-};
-
-struct gparams {
-    const bf16 *A;
-    int lda;
-    const int *a_rows;
-    int M, N, K;
-    wview w0, w1;
+struct gparams : gemm_in {
     void *C;
     int ldc;
     const int *tiles, *n_tiles;
@@ -156,7 +145,7 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
     // The W row this thread dequantizes: virtual row v of the tile, half of its 64 k.
     const int v = tid >> 1, half = tid & 1;
     int n;
-    const wview w = (EPI == EPI_SWIGLU_BF16 && ((v >> 3) & 1)) ? p.w1 : p.w0;
+    const wview w = (EPI == EPI_SWIGLU_BF16 && ((v >> 3) & 1)) ? p.w[1] : p.w[0];
     if (EPI == EPI_SWIGLU_BF16) {
         n = blockIdx.y * 64 + (v >> 4) * 8 + (v & 7);
     } else {
@@ -319,8 +308,8 @@ __global__ void gemm_generic_kernel(const gparams p, enum wtype type, int bits, 
         float s0 = 0.f, s1 = 0.f;
         for (int k = 0; k < p.K; k++) {
             float x = __bfloat162float(a[k]);
-            s0 += x * w_at(p.w0, type, bits, expert, n, k);
-            if (epi == EPI_SWIGLU_BF16) s1 += x * w_at(p.w1, type, bits, expert, n, k);
+            s0 += x * w_at(p.w[0], type, bits, expert, n, k);
+            if (epi == EPI_SWIGLU_BF16) s1 += x * w_at(p.w[1], type, bits, expert, n, k);
         }
         if (epi == EPI_SWIGLU_BF16) {
             static_cast<bf16 *>(p.C)[(size_t)r * p.ldc + n] = __float2bfloat16(silu(s0) * s1);
@@ -332,19 +321,6 @@ __global__ void gemm_generic_kernel(const gparams p, enum wtype type, int bits, 
             static_cast<float *>(p.C)[(size_t)r * p.ldc + n] = s0;
         }
     }
-}
-
-wview view_of(const struct dmat *m) {
-    wview w;
-    w.data = m->data;
-    w.scales = m->scales;
-    w.biases = m->biases;
-    w.rs = m->row_stride;
-    w.ms = m->mat_stride;
-    w.sbrs = m->sb_row_stride;
-    w.sbms = m->sb_mat_stride;
-    w.group = m->group > 0 ? m->group : 1;
-    return w;
 }
 
 bool aligned16(const void *p, size_t stride) {
@@ -433,14 +409,7 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
     if (pf_gemm_wg_fits(A, lda, M, W, Wup, ldc, epi, grp))
         return pf_gemm_wg(s, A, lda, M, W, Wup, C, ldc, epi, grp, e);
     gparams p;
-    p.A = A;
-    p.lda = lda;
-    p.a_rows = grp ? grp->a_rows : nullptr;
-    p.M = M;
-    p.N = W->rows;
-    p.K = W->cols;
-    p.w0 = view_of(W);
-    p.w1 = view_of(Wup ? Wup : W);
+    set_gemm_in(p, A, lda, M, W, Wup, grp);
     p.C = C;
     p.ldc = ldc;
     p.tiles = grp ? grp->tiles : nullptr;

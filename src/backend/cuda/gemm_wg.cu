@@ -15,8 +15,8 @@
 // arrive by cp.async in a 5-stage ring; the group scales/biases of the block's rows for the whole
 // K are staged once, with the first tile. One CTA per SM (213 KB of shared memory at K = 4096;
 // 207 / 236 registers per thread).
+#include "backend/cuda/gemm_args.cuh"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/prefill.cuh"
 #include "backend/cuda/wgmma_rs.cuh"
 
 namespace {
@@ -35,14 +35,8 @@ template <int MB> struct wg_shape {
     static constexpr int STAGE = ACT + ROWS * 32; // + [ROWS][64 k] 4-bit
 };
 
-struct wg_params {
-    const bf16 *A;
-    int lda;
-    const int *a_rows;
-    int M, N, K;
-    const uint8_t *w[2], *sc[2], *bi[2]; // gate (or the only matrix) and up
-    size_t rs[2], ms[2], sbrs[2], sbms[2];
-    int group;
+// The group size of both matrices is w[0].group (pf_gemm checks that SwiGLU's gate and up agree).
+struct wg_params : gemm_in {
     bool sb_async; // scale/bias rows are whole 16-byte chunks: staged by cp.async
     void *C;
     int ldc, epi;
@@ -164,14 +158,14 @@ __device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<MB> &c, c
         int m;
         const int n = row_of<MB>(p, it.by, v, m);
         c.wq_ok[i] = n < p.N;
-        c.wq[i] =
-            p.w[m] + it.expert * p.ms[m] + (size_t)(c.wq_ok[i] ? n : 0) * p.rs[m] + (idx & 1) * 16;
+        c.wq[i] = p.w[m].data + it.expert * p.w[m].ms + (size_t)(c.wq_ok[i] ? n : 0) * p.w[m].rs +
+                  (idx & 1) * 16;
         c.wq_st[i] = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
         // scales: row-copy (tid + 256 i) is row % ROWS of the scales (first ROWS) or the biases
         const int vs = idx % ROWS, ns = row_of<MB>(p, it.by, vs, m);
         c.sb_ok[i] = ns < p.N;
-        c.sb_src[i] = (idx < ROWS ? p.sc[m] : p.bi[m]) + it.expert * p.sbms[m] +
-                      (size_t)(c.sb_ok[i] ? ns : 0) * p.sbrs[m];
+        c.sb_src[i] = (idx < ROWS ? p.w[m].scales : p.w[m].biases) + it.expert * p.w[m].sbms +
+                      (size_t)(c.sb_ok[i] ? ns : 0) * p.w[m].sbrs;
     }
 }
 
@@ -209,9 +203,9 @@ __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<MB> &c
             const int n = row_of<MB>(p, it.by, v, m);
             uint16_t s = 0, b = 0;
             if (n < p.N) {
-                const size_t off = it.expert * p.sbms[m] + (size_t)n * p.sbrs[m] + gi * 2;
-                s = *reinterpret_cast<const uint16_t *>(p.sc[m] + off);
-                b = *reinterpret_cast<const uint16_t *>(p.bi[m] + off);
+                const size_t off = it.expert * p.w[m].sbms + (size_t)n * p.w[m].sbrs + gi * 2;
+                s = *reinterpret_cast<const uint16_t *>(p.w[m].scales + off);
+                b = *reinterpret_cast<const uint16_t *>(p.w[m].biases + off);
             }
             asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + i * 2), "h"(s));
             asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + (WG_ROWS * c.ng + i) * 2),
@@ -299,7 +293,7 @@ __device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<MB> &c, 
     if (kt + WG_DIST < KT) load_tile(c, p.A, kt + WG_DIST);
     cp_async_commit(); // (empty near the end: keeps the group count uniform)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) dequant<MB>(c, kt, p.group, mb, a[mb]);
+    for (int mb = 0; mb < MB; mb++) dequant<MB>(c, kt, p.w[0].group, mb, a[mb]);
     // descriptors too are wgmma inputs: define them before the fence
     const uint64_t d0 = act_desc(c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE);
     wg_wait<0>();
@@ -411,7 +405,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(const wg_params 
     // the 128-byte swizzle repeats every 1024 bytes: align the stages to that
     c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
     c.sbuf = c.smem + WG_STAGES * wg_shape<MB>::STAGE;
-    c.ng = p.K / p.group;
+    c.ng = p.K / p.w[0].group;
     {
         const int tok0 = tid >> 3, ch = tid & 7;
         c.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4);
@@ -535,7 +529,7 @@ int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, st
     p.ny = p.epi == EPI_SWIGLU_BF16 ? (p.N + ROWS / 2 - 1) / (ROWS / 2) : (p.N + ROWS - 1) / ROWS;
     const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
     if (n_mtiles <= 0) return 0;
-    const int smem = 1024 + WG_STAGES * wg_shape<MB>::STAGE + (p.K / p.group) * ROWS * 4;
+    const int smem = 1024 + WG_STAGES * wg_shape<MB>::STAGE + (p.K / p.w[0].group) * ROWS * 4;
     static int attr_smem = 0;
     if (smem > attr_smem) {
         CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<MB>,
@@ -554,29 +548,15 @@ int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat 
                const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
                const struct gemm_group *grp, struct wren_err *e) {
     wg_params p;
-    p.A = A;
-    p.lda = lda;
-    p.a_rows = grp ? grp->a_rows : nullptr;
-    p.M = M;
-    p.N = W->rows;
-    p.K = W->cols;
+    set_gemm_in(p, A, lda, M, W, Wup, grp);
     const struct dmat *ms[2] = {W, Wup ? Wup : W};
-    for (int i = 0; i < 2; i++) {
-        p.w[i] = ms[i]->data;
-        p.sc[i] = ms[i]->scales;
-        p.bi[i] = ms[i]->biases;
-        p.rs[i] = ms[i]->row_stride;
-        p.ms[i] = ms[i]->mat_stride;
-        p.sbrs[i] = ms[i]->sb_row_stride;
-        p.sbms[i] = ms[i]->sb_mat_stride;
-    }
-    p.group = W->group;
-    const int ng = p.K / p.group;
+    const int ng = p.K / p.w[0].group;
     // scale/bias rows go by 16-byte cp.async when every row is whole, aligned chunks
     p.sb_async = ng % 8 == 0;
     for (int i = 0; i < 2; i++)
-        p.sb_async = p.sb_async && (uintptr_t)p.sc[i] % 16 == 0 && (uintptr_t)p.bi[i] % 16 == 0 &&
-                     p.sbrs[i] % 16 == 0 && (ms[i]->n <= 1 || p.sbms[i] % 16 == 0);
+        p.sb_async = p.sb_async && (uintptr_t)p.w[i].scales % 16 == 0 &&
+                     (uintptr_t)p.w[i].biases % 16 == 0 && p.w[i].sbrs % 16 == 0 &&
+                     (ms[i]->n <= 1 || p.w[i].sbms % 16 == 0);
     p.C = C;
     p.ldc = ldc;
     p.epi = (int)epi;

@@ -14,7 +14,7 @@ namespace {
 
 constexpr int MAX_EVENTS = 1024;
 constexpr int LOGIT_ROWS = 32; // rows of lm_head per step when all positions' logits are wanted
-// The DeltaNet recurrence runs in the chunked WY form (dn_wy.cu) from this many tokens per call,
+// The DeltaNet recurrence runs in the chunked WY form (dn_wy_*.cu) from this many tokens per call,
 // else as the sequential scan (dn_chunk.cu). Measured on the H200 for the 35B layer
 // (check_prefill_dn --bench, bench/RESULTS.md 2026-11-30, with the per-key-head prep kernel):
 // scan / chunked 0.027 / 0.035 ms at T = 64, 0.048 / 0.040 at 128, 0.089 / 0.051 at 256, then the
@@ -23,7 +23,7 @@ constexpr int DN_CHUNKED_MIN_T = 128;
 
 int g_dn_form = -1; // enum pf_dn_form; -1: not read from the environment yet
 
-bool dn_use_chunked(const struct dn_dims *d) {
+bool dn_use_chunked(const struct dn_dims *d, size_t smem_optin) {
     if (g_dn_form < 0) { // WREN_CUDA_DN=scan|chunked forces a form (comparison runs)
         const char *f = getenv("WREN_CUDA_DN");
         g_dn_form = !f                      ? PF_DN_BY_LENGTH
@@ -33,7 +33,7 @@ bool dn_use_chunked(const struct dn_dims *d) {
     }
     const bool want = g_dn_form == PF_DN_CHUNKED_ONLY ||
                       (g_dn_form == PF_DN_BY_LENGTH && d->T >= DN_CHUNKED_MIN_T);
-    return want && pf_dn_chunked_fits(d);
+    return want && pf_dn_chunked_fits(d, smem_optin);
 }
 
 } // namespace
@@ -153,8 +153,8 @@ int run_deltanet(runner &r, const struct dlayer *L, float *conv, float *ssm, int
     if (pf_dn_prep(s, &d, w->qkv, conv, L->dn_conv, w->qkvc, w->ba, L->dn_A_log, L->dn_dt_bias, e))
         return -1;
     r.phase(PF_DN_SCAN);
-    if (dn_use_chunked(&d)) {
-        if (pf_dn_chunked(s, &d, w->qkvc, w->ba, ssm, w->o, w->qkv, e)) return -1;
+    if (dn_use_chunked(&d, r.cx->smem_optin)) {
+        if (pf_dn_chunked(s, &d, r.cx->smem_optin, w->qkvc, w->ba, ssm, w->o, w->qkv, e)) return -1;
     } else if (pf_dn_scan(s, &d, w->qkvc, w->ba, ssm, w->o, e)) {
         return -1;
     }

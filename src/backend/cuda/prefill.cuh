@@ -104,14 +104,16 @@ int pf_dn_prep(cudaStream_t s, const struct dn_dims *d, const float *qkv, float 
 // The recurrence over the chunk (state S [vh][dk][dv] f32 in place), o [T, vh*dv] f32.
 int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba, float *S,
                float *o, struct wren_err *e);
-// The same recurrence in the chunked WY/UT form on tensor cores (dn_wy.cu): same inputs, outputs
+// The same recurrence in the chunked WY/UT form on tensor cores (dn_wy_*.cu): same inputs, outputs
 // and state as pf_dn_scan, plus a scratch buffer of pf_dn_chunked_ws_bytes(d) bytes (16-byte
-// aligned). Unlike the scan it uses o as scratch before writing it. pf_dn_chunked_fits: the dims
-// are supported (dk 32/64/128, dv a multiple of 16) and the device has the shared memory it needs.
+// aligned). Unlike the scan it uses o as scratch before writing it. smem_optin is the device's
+// opt-in shared memory per block (cuda_ctx.smem_optin), which decides how the state kernel stages
+// its chunks. pf_dn_chunked_fits: the dims are supported (dk 32/64/128, dv a multiple of 16) and
+// the device has the shared memory it needs.
 size_t pf_dn_chunked_ws_bytes(const struct dn_dims *d);
-bool pf_dn_chunked_fits(const struct dn_dims *d);
-int pf_dn_chunked(cudaStream_t s, const struct dn_dims *d, const float *qkv, const float *ba,
-                  float *S, float *o, void *ws, struct wren_err *e);
+bool pf_dn_chunked_fits(const struct dn_dims *d, size_t smem_optin);
+int pf_dn_chunked(cudaStream_t s, const struct dn_dims *d, size_t smem_optin, const float *qkv,
+                  const float *ba, float *S, float *o, void *ws, struct wren_err *e);
 // Test and benchmark hook: warps per block of the chunked form's state kernel (1, 2, 4; 0 =
 // automatic) and which of its two kernels run (bit 0: the per-chunk prep, bit 1: the state walk;
 // 3 = both, the default; one alone only for timing).
