@@ -48,6 +48,7 @@ int main(int argc, char **argv) {
     struct cuda_ctx cx;
     memset(&cx, 0, sizeof cx);
     cx.cfg = &c;
+    cx.smem_optin = dev_smem_optin();
     cx.dm.embed = qm(1, c.vocab, H, 4);
     cx.dm.lm_head = qm(1, c.vocab, H, 4);
     cx.dm.final_norm = fv(H, 1.f, 0.2f);

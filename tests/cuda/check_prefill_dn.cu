@@ -84,11 +84,11 @@ static dn_out cpu_dn(const dn_case &c, const std::vector<float> &qkv, const std:
 
 static int g_nw = 0; // the state kernel's block shape in the checks (pf_dn_chunked_test)
 
+static size_t g_optin = 0; // > 0: pretend the device has this much (the one-stage path)
+
 // What the backend passes as cuda_ctx.smem_optin.
 static size_t smem_optin() {
-    int v;
-    CK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    return (size_t)v;
+    return g_optin ? g_optin : dev_smem_optin();
 }
 
 // Runs the GPU kernels over [t0, t0 + T) of the inputs, updating dconv / dS in place.
@@ -171,6 +171,22 @@ static void check(std::vector<dn_form> forms, const dn_case &c, std::vector<int>
     }
 }
 
+// The state kernel with one chunk stage, as on devices with less shared memory per block (A100:
+// 163 KB takes one 113 KB stage for dk 128): the largest opt-in size that gives one stage.
+static void check_one_stage(const dn_case &c, std::vector<int> splits) {
+    dn_dims d = {c.T, c.kh, c.vh, c.dk, c.dv, c.K};
+    size_t x = smem_optin();
+    while (x >= 1024 && pf_dn_chunked_stages(&d, x) != 1) x -= 1024;
+    if (x < 1024) {
+        report("dn chunked, one stage: no shared-memory size gives one stage", INFINITY, 0);
+        return;
+    }
+    printf("one chunk stage: opt-in shared memory taken as %zu bytes\n", x);
+    g_optin = x;
+    check({FORM_CHUNKED}, c, splits);
+    g_optin = 0;
+}
+
 // Both forms of the recurrence on the 35B layer (16/32 heads, dk = dv = 128) at T tokens; the
 // median of 5 runs of each.
 static void bench(int T) {
@@ -241,6 +257,8 @@ int main(int argc, char **argv) {
     g_nw = 2; // the state kernel's other block shape
     check({FORM_CHUNKED}, {300, 2, 4, 128, 128, 4}, {130});
     g_nw = 0;
+    check_one_stage({300, 2, 4, 128, 128, 4}, {130});
+    check_one_stage({130, 1, 4, 64, 32, 4}, {});
     if (do_bench)
         for (int T : {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}) bench(T);
     printf(g_fail ? "check_prefill_dn: FAIL\n" : "check_prefill_dn: all ok\n");

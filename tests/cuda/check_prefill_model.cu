@@ -314,6 +314,7 @@ const float *up(const std::vector<float> &v) {
 
 void make_gpu(gpu_model &g, const hmodel &m, int max_ctx) {
     memset(&g.cx, 0, sizeof g.cx);
+    g.cx.smem_optin = dev_smem_optin();
     g.cx.cfg = &m.c;
     g.cx.dm.embed = m.embed.d;
     g.cx.dm.lm_head = m.lm_head.d;

@@ -62,6 +62,14 @@ static inline float round_bf16(float f) {
     return h_f32(h_bf16(f));
 }
 
+// Device 0's opt-in shared memory per block: what the backend puts in cuda_ctx.smem_optin (the
+// prefill picks the chunked DeltaNet form only when its stages fit).
+static inline size_t dev_smem_optin() {
+    int v = 0;
+    CK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    return (size_t)v;
+}
+
 template <class T> static T *dev_upload(const std::vector<T> &v) {
     T *d;
     CK(cudaMalloc(&d, v.size() * sizeof(T) + 16));

@@ -315,6 +315,10 @@ size_t pf_dn_chunked_ws_bytes(const struct dn_dims *d) {
     return wy::ws_elems_bf16(d, nc) * sizeof(bf16) + (size_t)nc * d->vh * wy::CH * sizeof(float);
 }
 
+int pf_dn_chunked_stages(const struct dn_dims *d, size_t smem_optin) {
+    return wy::stages_for(d, smem_optin);
+}
+
 bool pf_dn_chunked_fits(const struct dn_dims *d, size_t smem_optin) {
     return d->dv % 16 == 0 && d->kh > 0 && d->vh % d->kh == 0 && wy::stages_for(d, smem_optin) > 0;
 }

@@ -112,6 +112,8 @@ int pf_dn_scan(cudaStream_t s, const struct dn_dims *d, const float *qkv, const 
 // the device has the shared memory it needs.
 size_t pf_dn_chunked_ws_bytes(const struct dn_dims *d);
 bool pf_dn_chunked_fits(const struct dn_dims *d, size_t smem_optin);
+// Chunk stages the state kernel uses with that much shared memory (2, 1, or 0: does not fit).
+int pf_dn_chunked_stages(const struct dn_dims *d, size_t smem_optin);
 int pf_dn_chunked(cudaStream_t s, const struct dn_dims *d, size_t smem_optin, const float *qkv,
                   const float *ba, float *S, float *o, void *ws, struct wren_err *e);
 // Test and benchmark hook: warps per block of the chunked form's state kernel (1, 2, 4; 0 =
