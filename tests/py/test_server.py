@@ -382,17 +382,7 @@ def test_cancel_on_disconnect_behind_pipelined_bytes(srv):
     """A non-streaming client that sends more bytes (a pipelined request) and then closes: its
     FIN sits behind the unread bytes, and must still free the worker at once."""
     before = srv.metrics()
-    body = json.dumps({"messages": [{"role": "user", "content": "Go on forever"}],
-                       "max_tokens": 100000, "temperature": 1.0,
-                       "chat_template_kwargs": {"enable_thinking": False}}).encode()
-    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    t0 = time.time()
-    while srv.metrics()["wren_busy"] == 0:
-        assert time.time() - t0 < 10, "the request never started"
-        time.sleep(0.02)
-    time.sleep(0.2)  # the server is now waiting on the model, not reading the socket
+    s = start_chat(srv)
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     s.close()
     m = wait_until_idle(srv, before, "generation did not stop after the client disconnected")
