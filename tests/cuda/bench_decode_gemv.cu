@@ -112,19 +112,19 @@ shapes make_shapes() {
     p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
     p->topk_E = E, p->topk_K = K, p->norm_topk = 1, p->has_shared_gate = 1;
     p->logits = rlog, p->ids = ids_r, p->wts = wts_r;
+    struct gemv_seg g = seg(shg, EPI_SWIGLU, act + K * I); // shared first, as the decode step
+    g.b = shu, g.slot = K, g.scale = wts_r;
+    p->seg[p->nseg++] = g;
     for (int k = 0; k < K; k++) {
-        struct gemv_seg g = seg(gm, EPI_SWIGLU, act + k * I);
+        g = seg(gm, EPI_SWIGLU, act + k * I);
         g.b = um, g.idx = ids_r, g.slot = k, g.scale = wts_r;
         p->seg[p->nseg++] = g;
     }
-    struct gemv_seg g = seg(shg, EPI_SWIGLU, act + K * I);
-    g.b = shu, g.slot = K, g.scale = wts_r;
-    p->seg[p->nseg++] = g;
     s.b_gu = mat_bytes(gm, K) + mat_bytes(um, K) + mat_bytes(shg, 1) + mat_bytes(shu, 1);
     // the same launch with the ids given (no routing in it): what the routing costs
     s.gate_up_ids = s.gate_up;
     s.gate_up_ids.topk_K = 0;
-    for (int k = 0; k < K; k++) s.gate_up_ids.seg[k].idx = ids;
+    for (int k = 1; k <= K; k++) s.gate_up_ids.seg[k].idx = ids;
 
     moe_down_params *d = &s.down;
     d->down = dm, d->sh_down = shd, d->ids = ids, d->K = K, d->act = act, d->inter = I,

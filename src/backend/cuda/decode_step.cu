@@ -75,18 +75,20 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         gp.ids = ws->ids;
         gp.wts = ws->wts;
     }
+    // the shared expert first: its weights are known before the routing, so the first warps
+    // request them before the launch's programmatic wait (measured: 10.4 -> 9.5 us per launch)
+    if (shi > 0) {
+        struct gemv_seg g = seg_of(&L->sh_gate, EPI_SWIGLU, ws->act + (size_t)K * inter);
+        g.b = L->sh_up;
+        g.slot = K;
+        g.scale = ws->wts;
+        gp.seg[gp.nseg++] = g;
+    }
     for (int k = 0; k < K; k++) {
         struct gemv_seg g = seg_of(&L->exp_gate, EPI_SWIGLU, ws->act + (size_t)k * inter);
         g.b = L->exp_up;
         g.idx = ws->ids;
         g.slot = k;
-        g.scale = ws->wts;
-        gp.seg[gp.nseg++] = g;
-    }
-    if (shi > 0) {
-        struct gemv_seg g = seg_of(&L->sh_gate, EPI_SWIGLU, ws->act + (size_t)K * inter);
-        g.b = L->sh_up;
-        g.slot = K;
         g.scale = ws->wts;
         gp.seg[gp.nseg++] = g;
     }
