@@ -28,10 +28,11 @@ static int argmax(const float *l, int n) {
 // Per-position rel L2 and top-1 agreement. A bf16 KV cache (CPU: f32) moves hidden states by
 // ~1e-3, which on random-weight MoE models flips near-tied expert choices at a few positions (the
 // CPU backend with its KV rounded to bf16 shows the same): unless `strict`, the bar is the median
-// position (<= 2e-3) and 95% of positions within max_rel; strict: every position within max_rel.
+// position (<= max_median) and 95% of positions within max_rel; strict: every position within
+// max_rel.
 static bool g_strict = false;
 static void cmp_logits(const char *what, const float *g, const float *c, int T, int V,
-                       double max_rel) {
+                       double max_rel, double max_median) {
     std::vector<double> rels;
     int top1 = 0;
     for (int t = 0; t < T; t++) {
@@ -58,9 +59,9 @@ static void cmp_logits(const char *what, const float *g, const float *c, int T, 
         check_true(name, srt.back() <= max_rel);
     } else {
         snprintf(name, sizeof name,
-                 "%s: median rel L2 %.2e <= 2e-3, %d/%d positions <= %.0e (worst %.2e)", what,
-                 srt[T / 2], within, T, max_rel, srt.back());
-        check_true(name, srt[T / 2] <= 2e-3 && within >= 0.95 * T);
+                 "%s: median rel L2 %.2e <= %.0e, %d/%d positions <= %.0e (worst %.2e)", what,
+                 srt[T / 2], max_median, within, T, max_rel, srt.back());
+        check_true(name, srt[T / 2] <= max_median && within >= 0.95 * T);
     }
     snprintf(name, sizeof name, "%s: top-1 agreement %d/%d (>= 98%%)", what, top1, T);
     check_true(name, top1 >= 0.98 * T);
@@ -91,7 +92,7 @@ int main(int argc, char **argv) {
         DIE_IF(gpu->ops->forward(gpu, gs, t, &tok[t], 1, &gl[(size_t)t * V], false, &e), "cuda: %s",
                e.msg);
     }
-    cmp_logits("decode step (n = 1) vs CPU", gl.data(), cl.data(), T, V, 2e-2);
+    cmp_logits("decode step (n = 1) vs CPU", gl.data(), cl.data(), T, V, 2e-2, 2e-3);
     // forward(n > 1): the prefill path (fallback or batched)
     struct bstate *g2 = gpu->ops->state_new(gpu, ctx, &e);
     DIE_IF(!g2, "%s", e.msg);
@@ -102,7 +103,9 @@ int main(int argc, char **argv) {
     DIE_IF(gpu->ops->forward(gpu, g2, half, tok.data() + half, T - half,
                              pl.data() + (size_t)half * V, true, &e),
            "cuda prefill: %s", e.msg);
-    cmp_logits("forward n > 1 (two chunks) vs CPU", pl.data(), cl.data(), T, V, 2e-2);
+    // the prefill path runs its GEMMs on bf16 activations: issue 6's bar (rel L2 <= 2e-2) for the
+    // median position too
+    cmp_logits("forward n > 1 (two chunks) vs CPU", pl.data(), cl.data(), T, V, 2e-2, 2e-2);
     // greedy generation: CPU argmax loop vs GPU generate
     const int NG = 32;
     std::vector<int32_t> want;
