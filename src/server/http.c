@@ -235,10 +235,9 @@ static enum MHD_Result chat_completions(struct server *sv, struct MHD_Connection
     if (queue_push(&sv->queue, j)) {
         job_release(j);
         metrics_request(&sv->metrics, OUT_REJECTED);
-        bool stopping = atomic_load(&sv->stopping);
-        return error(
-            sv, c, stopping ? 503 : 429, stopping ? "server_error" : "rate_limit_exceeded", "%s",
-            stopping ? "the server is shutting down" : "the request queue is full; retry later");
+        if (atomic_load(&sv->stopping)) return shutting_down(sv, c);
+        return error(sv, c, 429, "rate_limit_exceeded", "%s",
+                     "the request queue is full; retry later");
     }
     // From here the connection waits on the model, not on the client: the idle timeout (meant
     // for clients that stall while sending) becomes the request timeout, with slack so that
