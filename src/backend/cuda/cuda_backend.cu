@@ -706,6 +706,11 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     cb->cx.cc_minor = prop.minor;
     cb->cx.l2_bytes = prop.l2CacheSize;
     cb->cx.smem_optin = prop.sharedMemPerBlockOptin;
+    // WREN_CUDA_SMEM=BYTES (read once here): use at most that much shared memory per block, so
+    // that a large GPU takes the kernel shapes of one with less (99 KB on consumer GPUs)
+    const char *smem_cap = getenv("WREN_CUDA_SMEM");
+    if (smem_cap && atol(smem_cap) > 0 && (size_t)atol(smem_cap) < cb->cx.smem_optin)
+        cb->cx.smem_optin = (size_t)atol(smem_cap);
     if (prop.major < 8) {
         wren_errf(e, "GPU %d (%s) has compute capability %d.%d; wren needs 8.0 or newer", dev,
                   prop.name, prop.major, prop.minor);
@@ -716,7 +721,7 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     const char *dflags = getenv("WREN_CUDA_DECODE");
     struct decode_config dc;
     dc.sm_count = prop.multiProcessorCount;
-    dc.smem_optin = prop.sharedMemPerBlockOptin;
+    dc.smem_optin = cb->cx.smem_optin;
     dc.pdl = prop.major >= 9 && !(dflags && strstr(dflags, "nopdl"));
     dc.f32_gemv = dflags && strstr(dflags, "f32gemv");
     decode_configure(&dc);

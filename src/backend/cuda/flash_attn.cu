@@ -1,7 +1,8 @@
 // Causal flash attention for a prefill chunk on tensor cores (mma.sync m16n8k16 bf16), head_dim
 // 256, GQA: a block takes 128 (or 64) queries of one head (8 or 4 warps x 16 rows) and streams the
-// KV cache rows [0, pos + last query] in tiles of 64 keys (cp.async, double-buffered), with the
-// online softmax in registers. The chunk's own K/V are written into the cache first (attn_prep), so
+// KV cache rows [0, pos + last query] in tiles of 64 keys (32 where the device's shared memory per
+// block is smaller, as on consumer GPUs; cp.async, double-buffered), with the online softmax in
+// registers. The chunk's own K/V are written into the cache first (attn_prep), so
 // earlier chunks and this one are read the same way. The output gate sigmoid is applied in the
 // epilogue.
 #include "backend/cuda/mma.cuh"
@@ -9,7 +10,7 @@
 
 namespace {
 
-constexpr int HD = 256, BKV = 64;
+constexpr int HD = 256;
 constexpr int CH = HD / 8; // 16-byte chunks per row
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -82,8 +83,8 @@ __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float 
 }
 
 // NW warps of 16 queries each: 8 (128 queries) amortise each K/V tile over twice the queries and
-// keep two warps per scheduler; 4 for short chunks.
-template <int NW>
+// keep two warps per scheduler; 4 for short chunks. BKV keys per K/V tile.
+template <int NW, int BKV>
 __global__ void __launch_bounds__(NW * 32)
     flash_kernel(const attn_dims d, const bf16 *qb, const bf16 *kc, const bf16 *vc,
                  const float *qraw, bf16 *out) {
@@ -233,19 +234,24 @@ __global__ void __launch_bounds__(NW * 32)
     }
 }
 
-template <int NW>
+template <int NW, int BKV> constexpr int flash_smem() {
+    return (NW * 16 * HD + 4 * BKV * HD) * (int)sizeof(bf16); // Q, then K and V in 2 stages
+}
+
+template <int NW, int BKV>
 int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint16_t *k_cache,
            const uint16_t *v_cache, const float *q, bf16 *out, struct wren_err *e) {
-    constexpr int BQ = NW * 16, smem = (BQ * HD + 4 * BKV * HD) * (int)sizeof(bf16);
+    constexpr int BQ = NW * 16, smem = flash_smem<NW, BKV>();
     static bool attr_set = false;
     if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<NW>,
+        CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<NW, BKV>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = true;
     }
     dim3 grid((d->T + BQ - 1) / BQ, d->nh);
-    flash_kernel<NW><<<grid, NW * 32, smem, s>>>(*d, qb, reinterpret_cast<const bf16 *>(k_cache),
-                                                 reinterpret_cast<const bf16 *>(v_cache), q, out);
+    flash_kernel<NW, BKV>
+        <<<grid, NW * 32, smem, s>>>(*d, qb, reinterpret_cast<const bf16 *>(k_cache),
+                                     reinterpret_cast<const bf16 *>(v_cache), q, out);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -266,12 +272,25 @@ int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, cons
 
 int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
                   const uint16_t *k_cache, const uint16_t *v_cache, const float *q, bf16 *out,
-                  struct wren_err *e) {
+                  size_t smem_optin, struct wren_err *e) {
     if (d->hd != HD || d->nh % d->nkv)
         return wren_errf(e,
                          "attention: head dim %d / heads %d:%d not supported by the prefill "
                          "kernel (head dim 256, whole GQA groups)",
                          d->hd, d->nh, d->nkv);
-    return d->T > 64 ? launch<8>(s, d, qb, k_cache, v_cache, q, out, e)
-                     : launch<4>(s, d, qb, k_cache, v_cache, q, out, e);
+    // the largest block that fits: 128 queries for long chunks, 64-key tiles (H100/H200: 192 KB;
+    // A100: 128 queries x 32 keys; 99 KB consumer GPUs: 64 queries x 32 keys, 96 KB)
+    const size_t m = smem_optin;
+    if (d->T > 64 && (size_t)flash_smem<8, 64>() <= m)
+        return launch<8, 64>(s, d, qb, k_cache, v_cache, q, out, e);
+    if (d->T > 64 && (size_t)flash_smem<8, 32>() <= m)
+        return launch<8, 32>(s, d, qb, k_cache, v_cache, q, out, e);
+    if ((size_t)flash_smem<4, 64>() <= m)
+        return launch<4, 64>(s, d, qb, k_cache, v_cache, q, out, e);
+    if ((size_t)flash_smem<4, 32>() <= m)
+        return launch<4, 32>(s, d, qb, k_cache, v_cache, q, out, e);
+    return wren_errf(e,
+                     "attention: the prefill kernel needs %d bytes of shared memory per block, "
+                     "the device allows %zu",
+                     flash_smem<4, 32>(), m);
 }

@@ -10,6 +10,10 @@
 namespace {
 
 constexpr int BN = 128, BK = 64, NTHREADS = 256, ASTAGES = 3;
+// Shared memory of a block of BM-row tiles: ASTAGES A tiles, two W tiles.
+constexpr int tile_smem(int bm) {
+    return (ASTAGES * bm * BK + 2 * BN * BK) * (int)sizeof(bf16);
+}
 
 struct gparams : gemm_in {
     void *C;
@@ -329,7 +333,7 @@ bool aligned16(const void *p, size_t stride) {
 
 template <int BITS, int BM, int EPI>
 int launch_fast(cudaStream_t s, const gparams &p, dim3 grid, struct wren_err *e) {
-    constexpr int smem = (ASTAGES * BM * BK + 2 * BN * BK) * (int)sizeof(bf16);
+    constexpr int smem = tile_smem(BM);
     static bool attr_set = false; // per instantiation; setting it twice is harmless
     if (!attr_set) {
         CUDA_CHECK(cudaFuncSetAttribute(gemm_q_kernel<BITS, BM, EPI>,
@@ -364,9 +368,21 @@ int launch_bm(cudaStream_t s, const gparams &p, dim3 grid, int bm, enum gemm_epi
 }
 
 int g_force_bm = 0;
+size_t g_smem_optin = 0; // 0: query the current device
 
-// Tile height of a dense GEMM: 256 when that still gives two waves of blocks, else 128 (64 for
-// a few rows).
+// Whether 256-row tiles (128 KB of shared memory) fit the device: not on consumer GPUs (99 KB).
+bool tall_tiles_fit() {
+    if (!g_smem_optin) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
+            g_smem_optin = (size_t)v;
+    }
+    return (size_t)tile_smem(256) <= g_smem_optin;
+}
+
+// Tile height of a dense GEMM: 256 when that still gives two waves of blocks (and fits), else
+// 128 (64 for a few rows).
 int dense_bm(int M, int N) {
     if (g_force_bm) return g_force_bm;
     static int sms = 0;
@@ -377,7 +393,7 @@ int dense_bm(int M, int N) {
             sms = 100;
     }
     const int nb = (N + BN - 1) / BN;
-    if (M >= 512 && (M + 255) / 256 * nb >= 2 * sms) return 256;
+    if (M >= 512 && (M + 255) / 256 * nb >= 2 * sms && tall_tiles_fit()) return 256;
     return M <= 64 ? 64 : 128;
 }
 
@@ -393,7 +409,11 @@ void pf_gemm_force_bm(int bm) {
 int pf_gemm_group_bm(int avg_rows) {
     if (g_force_bm) return g_force_bm;
     if (pf_gemm_wg_available()) return pf_gemm_wg_group_bm(avg_rows);
-    return avg_rows < 48 ? 64 : avg_rows >= 512 ? 256 : 128;
+    return avg_rows < 48 ? 64 : avg_rows >= 512 && tall_tiles_fit() ? 256 : 128;
+}
+
+void pf_gemm_set_smem_optin(size_t bytes) {
+    g_smem_optin = bytes;
 }
 
 int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,

@@ -180,7 +180,7 @@ int run_attention(runner &r, const struct dlayer *L, uint16_t *kc, uint16_t *vc,
                           c->rope_dim, c->rope_theta, c->rms_eps, c->attn_output_gate};
     r.phase(PF_ATTN);
     if (pf_attn_prep(s, &d, w->q, w->k, w->v, L->q_norm, L->k_norm, w->qb, kc, vc, e) ||
-        pf_flash_attn(s, &d, w->qb, kc, vc, w->q, w->ao, e))
+        pf_flash_attn(s, &d, w->qb, kc, vc, w->q, w->ao, r.cx->smem_optin, e))
         return -1;
     r.phase(PF_GEMM);
     return pf_gemm(s, w->ao, c->n_heads * c->head_dim, T, &L->o_proj, nullptr, w->x, c->hidden,
@@ -245,6 +245,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
     if (pos < 0 || pos + n > st->max_ctx)
         return wren_errf(e, "prefill: positions %d..%d exceed the context of %d tokens", pos,
                          pos + n, st->max_ctx);
+    pf_gemm_set_smem_optin(cx->smem_optin);
     if (!cx->prefill) cx->prefill = (struct prefill_ws *)xcalloc(1, sizeof(struct prefill_ws));
     struct prefill_ws *w = cx->prefill;
     if (n > w->cap) {
@@ -317,6 +318,7 @@ void cuda_prefill_free(struct cuda_ctx *cx) {
 
 int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
                          struct wren_err *e) {
+    pf_gemm_set_smem_optin(cx->smem_optin);
     if (!cx->prefill) cx->prefill = (struct prefill_ws *)xcalloc(1, sizeof(struct prefill_ws));
     struct prefill_ws *w = cx->prefill;
     if (kind_ms) {

@@ -40,6 +40,9 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
             const struct gemm_group *grp, struct wren_err *e);
 // The tile height the grouped GEMM uses for an average of `avg_rows` rows per expert.
 int pf_gemm_group_bm(int avg_rows);
+// The device's shared memory per block, which bounds the mma.sync kernel's tile height (set by the
+// backend; 0 or unset: queried from the current device).
+void pf_gemm_set_smem_optin(size_t bytes);
 // Test and benchmark hook: forces the tile height (64, 128, 256) of every GEMM; 0 = automatic.
 void pf_gemm_force_bm(int bm);
 // Test and benchmark hook: 0 = automatic (the sm_90a wgmma kernel of gemm_wg.cu for every call it
@@ -136,7 +139,8 @@ int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, cons
                  const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
                  uint16_t *k_cache, uint16_t *v_cache, struct wren_err *e);
 // Causal attention of the chunk's queries over cache rows [0, pos+T); out bf16 [T, nh*hd],
-// multiplied by sigmoid(gate) (read from q) when d->gate.
+// multiplied by sigmoid(gate) (read from q) when d->gate. smem_optin: the device's shared memory
+// per block (picks the block shape).
 int pf_flash_attn(cudaStream_t s, const struct attn_dims *d, const bf16 *qb,
                   const uint16_t *k_cache, const uint16_t *v_cache, const float *q, bf16 *out,
-                  struct wren_err *e);
+                  size_t smem_optin, struct wren_err *e);
