@@ -20,6 +20,17 @@ __global__ void route_cycles_kernel(const struct gemv_params p, int n, long long
     if (threadIdx.x == 0) *cycles = (clock64() - t0) / n;
 }
 
+// The same for the routing by a whole block (256 threads), as the expert launch runs it.
+__global__ void route_block_cycles_kernel(const struct gemv_params p, int n, long long *cycles) {
+    __shared__ struct route_smem rt;
+    long long t0 = clock64();
+    for (int i = 0; i < n; i++) {
+        route_block(p, rt);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *cycles = (clock64() - t0) / n;
+}
+
 uint32_t g_seed = 1;
 
 struct dmat rand_mat(int n, int rows, int cols, int bits) {
@@ -68,6 +79,11 @@ shapes make_shapes() {
     CK(cudaMalloc(&ids, (K + 1) * sizeof(int)));
     CK(cudaMemcpy(ids, hid, sizeof hid, cudaMemcpyHostToDevice));
     float *rlog = dev_f(E + 1, 0.f), *wts_r = dev_f(K + 1, 0.f);
+    { // router logits as a trained router gives them: distinct values (no mass ties)
+        std::vector<float> lg(E + 1);
+        for (int i = 0; i <= E; i++) lg[i] = (float)((i * 37 + 11) % 101) / 25.f - 2.f + i * 1e-4f;
+        CK(cudaMemcpy(rlog, lg.data(), lg.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
     int *ids_r;
     CK(cudaMalloc(&ids_r, (K + 1) * sizeof(int)));
 
@@ -241,15 +257,20 @@ int main(int argc, char **argv) {
     {
         long long *cyc;
         CK(cudaMalloc(&cyc, sizeof *cyc));
-        route_cycles_kernel<<<1, 32, 0, st>>>(s.gate_up, 100, cyc);
-        CK(cudaGetLastError());
-        long long c = 0;
-        CK(cudaMemcpyAsync(&c, cyc, sizeof c, cudaMemcpyDeviceToHost, st));
-        CK(cudaStreamSynchronize(st));
         int khz = 0;
         CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-        printf("routing (one warp, E 256, top-8): %lld cycles (%.2f us at %.2f GHz)\n", c,
-               c / (khz * 1e-3), khz * 1e-6);
+        for (int b = 0; b < 2; b++) {
+            if (b)
+                route_block_cycles_kernel<<<1, 256, 0, st>>>(s.gate_up, 100, cyc);
+            else
+                route_cycles_kernel<<<1, 32, 0, st>>>(s.gate_up, 100, cyc);
+            CK(cudaGetLastError());
+            long long c = 0;
+            CK(cudaMemcpyAsync(&c, cyc, sizeof c, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            printf("routing (%s, E 256, top-8): %lld cycles (%.2f us at %.2f GHz)\n",
+                   b ? "256-thread block" : "one warp", c, c / (khz * 1e-3), khz * 1e-6);
+        }
         CK(cudaFree(cyc));
     }
     printf("%-30s", "layer chain (5 launches)");

@@ -140,6 +140,14 @@ static __device__ __forceinline__ void gemv_epilogue(const struct gemv_seg &sg, 
 struct route_smem {
     int ids[64];
     float wts[65];
+    // route_block256's scratch: per-warp maxima, candidate counts and probability sums, then the
+    // candidates (key, id, probability)
+    unsigned wmax[8];
+    int cnt[8];
+    float psum[8];
+    unsigned ckey[32];
+    int cid[32];
+    float cp[32];
 };
 
 template <int NPL>
@@ -201,11 +209,84 @@ static __device__ void route_warp(const struct gemv_params &p, struct route_smem
     if (lane == 0) rt.wts[K] = p.has_shared_gate ? sigmoid_f(shared_logit) : 1.f;
 }
 
-// Every block routes (warp 0) and publishes the choice in shared memory; block 0 also writes it
-// to p.ids / p.wts for the launches after this one.
+// A float's bits as an unsigned key that orders like the value.
+static __device__ __forceinline__ unsigned float_key(float f) {
+    const unsigned b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+static __device__ __forceinline__ float key_float(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
+// The same routing by all 256 threads for E = 256 experts and K <= 8 (this model family), in about
+// half route_warp's time (it sits on the expert launch's critical path): thread t holds expert t.
+// The smallest of the 8 warps' maxima is a lower bound of the K-th largest logit (8 distinct values
+// reach it), so only experts at or above it are candidates (usually ~10); warp 0 ranks them by
+// (logit, lower id first), which orders them as their probabilities do. Returns false (the same in
+// every thread) when more than 32 experts reach the bound (mass ties); the caller then routes with
+// route_warp.
+static __device__ bool route_block256(const struct gemv_params &p, struct route_smem &rt) {
+    const int t = threadIdx.x, w = t >> 5, l = t & 31, K = p.topk_K;
+    const float shared_logit = p.has_shared_gate && t == 0 ? __ldcg(p.logits + p.topk_E) : 0.f;
+    const float lg = __ldcg(p.logits + t);
+    const unsigned key = float_key(lg);
+    const unsigned wm = __reduce_max_sync(0xffffffffu, key);
+    if (l == 0) rt.wmax[w] = wm;
+    __syncthreads();
+    unsigned bound = 0xffffffffu, top = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) bound = min(bound, rt.wmax[i]), top = max(top, rt.wmax[i]);
+    const float pr = __expf(lg - key_float(top));
+    float ps = pr;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+    const bool cand = key >= bound;
+    const unsigned ball = __ballot_sync(0xffffffffu, cand);
+    if (l == 0) rt.cnt[w] = __popc(ball), rt.psum[w] = ps;
+    __syncthreads();
+    int off = 0, n = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int c = rt.cnt[i];
+        off += i < w ? c : 0;
+        n += c;
+    }
+    if (n > 32) return false;
+    if (cand) {
+        const int i = off + __popc(ball & ((1u << l) - 1u));
+        rt.ckey[i] = key, rt.cid[i] = t, rt.cp[i] = pr;
+    }
+    __syncthreads();
+    if (w == 0) {
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) sum += rt.psum[i];
+        const unsigned ck = l < n ? rt.ckey[l] : 0u;
+        const int ci = l < n ? rt.cid[l] : 0x7fffffff;
+        int rank = 0;
+        for (int j = 0; j < n; j++) {
+            const unsigned kj = __shfl_sync(0xffffffffu, ck, j);
+            const int ij = __shfl_sync(0xffffffffu, ci, j);
+            rank += kj > ck || (kj == ck && ij < ci);
+        }
+        const bool sel = l < n && rank < K;
+        const float wv = sel ? rt.cp[l] * (1.f / sum) : 0.f;
+        float wsum = wv;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+        if (sel) rt.ids[rank] = ci, rt.wts[rank] = p.norm_topk ? wv / wsum : wv;
+        if (l == 0) rt.wts[K] = p.has_shared_gate ? sigmoid_f(shared_logit) : 1.f;
+    }
+    return true;
+}
+
+// Every block routes and publishes the choice in shared memory; block 0 also writes it to p.ids /
+// p.wts for the launches after this one.
 static __device__ __forceinline__ void route_block(const struct gemv_params &p,
                                                    struct route_smem &rt) {
-    if (threadIdx.x < 32) {
+    const bool done =
+        p.topk_E == 256 && p.topk_K <= 8 && blockDim.x == 256 && route_block256(p, rt);
+    if (!done && threadIdx.x < 32) {
         if (p.topk_E <= 256)
             route_warp<8>(p, rt);
         else
