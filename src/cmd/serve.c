@@ -24,7 +24,8 @@ static const char USAGE[] =
     "  --shutdown-timeout SEC   on SIGINT/SIGTERM, time the running request gets to finish\n"
     "                           before it is ended with an error (default 10)\n"
     "  --cache-mb N             session snapshot budget in MiB (default 4096; 0 disables reuse)\n"
-    "  --snapshot-every N       snapshot the state every N prompt tokens (default 2048)\n";
+    "  --snapshot-every N       snapshot the state every N prompt tokens (default 2048, or the\n"
+    "                           backend's prefill chunk if larger)\n";
 
 int cmd_serve(int argc, char **argv) {
     struct server_opts o;

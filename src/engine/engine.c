@@ -79,6 +79,10 @@ size_t wren_engine_weight_bytes(const struct wren_engine *en) {
     return en->model.weight_bytes;
 }
 
+int wren_engine_prefill_chunk(const struct wren_engine *en) {
+    return en->be->max_chunk > 0 ? en->be->max_chunk : 1;
+}
+
 double wren_engine_decode_bytes(const struct wren_engine *en, int ctx) {
     const struct model_config *c = &en->model.cfg;
     int n_attn = cfg_n_attn_layers(c), n_dn = c->n_layers - n_attn;

@@ -30,6 +30,9 @@ const struct model_config *wren_engine_config(const struct wren_engine *en);
 const char *wren_engine_backend(const struct wren_engine *en);
 const char *wren_engine_model_dir(const struct wren_engine *en);
 size_t wren_engine_weight_bytes(const struct wren_engine *en);
+// Tokens per prefill call of the backend (--prefill-chunk, or its default: CUDA 8192 or 4096 by
+// device memory, CPU 256).
+int wren_engine_prefill_chunk(const struct wren_engine *en);
 // Minimum bytes one decode step moves at context length ctx: the weights one token reads, the
 // DeltaNet state (read and written) and the KV cache (at the backend's KV precision).
 double wren_engine_decode_bytes(const struct wren_engine *en, int ctx);

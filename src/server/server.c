@@ -31,7 +31,7 @@ void server_opts_default(struct server_opts *o) {
         .idle_timeout_s = 30,
         .shutdown_timeout_s = 10,
         .cache_bytes = (size_t)4096 << 20,
-        .snapshot_every = 2048,
+        .snapshot_every = -1, // 2048, or the backend's prefill chunk if larger
     };
 }
 
@@ -52,6 +52,12 @@ static int open_model(struct server *sv, struct wren_err *e) {
     if (!dir) return wren_errf(e, "no model: pass -m DIR");
     if (!(sv->tok = tokenizer_load(dir, e))) return -1;
     if (!(sv->engine = wren_engine_open(&sv->o.engine, e))) return -1;
+    // periodic snapshots cut the prefill into calls between them: no closer than the backend's
+    // chunk unless asked (on a large GPU, 8192-token calls prefill ~25% faster than 2048)
+    if (sv->o.snapshot_every < 0) {
+        const int chunk = wren_engine_prefill_chunk(sv->engine);
+        sv->o.snapshot_every = chunk > 2048 ? chunk : 2048;
+    }
     if (!(sv->session = wren_session_new(sv->engine, 0, e))) return -1;
     sv->n_ctx = wren_session_max_ctx(sv->session);
     sv->chat_flavor = (int)chat_flavor_detect(dir);

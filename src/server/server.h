@@ -22,7 +22,7 @@ struct server_opts {
     int idle_timeout_s;     // a connection that sends nothing for this long is closed
     int shutdown_timeout_s; // on SIGINT/SIGTERM, how long the running request may still take
     size_t cache_bytes;     // snapshot cache budget; 0 disables session reuse entirely
-    int snapshot_every;     // take a state snapshot every N prompt tokens
+    int snapshot_every;     // take a state snapshot every N prompt tokens (< 0: by the backend)
     bool test_replay;       // hidden: accept "wren_replay" (tests of the parsing/streaming path)
 };
 

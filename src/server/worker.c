@@ -16,10 +16,6 @@
 #include "text/tokenizer.h"
 #include "util/util.h"
 
-// Prompt tokens per feed call when --prefill-chunk is not given: the granularity at which a
-// prefill notices cancellation, large enough to keep GPU prefill chunks efficient.
-#define PREFILL_SEGMENT 1024
-
 struct gen {
     struct server *sv;
     struct job *j;
@@ -237,11 +233,12 @@ static int generate(struct gen *g, int max_new, struct wren_err *e) {
     return 0;
 }
 
-// Prefill of prompt[resume..n): in segments, saving snapshots at the turn start (with KV) and
-// every snapshot_every tokens (without KV).
+// Prefill of prompt[resume..n): in segments of the backend's prefill chunk (the granularity at
+// which a prefill notices cancellation), saving snapshots at the turn start (with KV) and every
+// snapshot_every tokens (without KV).
 static int prefill(struct server *sv, struct job *j, int resume, struct wren_err *e) {
     int pos = resume, every = sv->o.snapshot_every;
-    int segment = sv->o.engine.prefill_chunk > 0 ? sv->o.engine.prefill_chunk : PREFILL_SEGMENT;
+    const int segment = wren_engine_prefill_chunk(sv->engine);
     while (pos < j->n_prompt) {
         if (atomic_load(&j->cancel) || atomic_load(&sv->shutdown_now) || now_sec() > j->deadline)
             return 1;
