@@ -140,8 +140,8 @@ static __device__ __forceinline__ void gemv_epilogue(const struct gemv_seg &sg, 
 struct route_smem {
     int ids[64];
     float wts[65];
-    // route_block256's scratch: per-warp maxima, candidate counts and probability sums, then the
-    // candidates (key, id, probability)
+    // route_block256's scratch: per-warp maxima (logit, then key), candidate counts and
+    // probability sums, then the candidates (key, id, probability)
     unsigned wmax[8];
     int cnt[8];
     float psum[8];
@@ -220,29 +220,38 @@ static __device__ __forceinline__ float key_float(unsigned k) {
 
 // The same routing by all 256 threads for E = 256 experts and K <= 8 (this model family), in about
 // half route_warp's time (it sits on the expert launch's critical path): thread t holds expert t.
-// The smallest of the 8 warps' maxima is a lower bound of the K-th largest logit (8 distinct values
-// reach it), so only experts at or above it are candidates (usually ~10); warp 0 ranks them by
-// (logit, lower id first), which orders them as their probabilities do. Returns false (the same in
-// every thread) when more than 32 experts reach the bound (mass ties); the caller then routes with
-// route_warp.
+// It ranks by the same key as route_warp (the probability's bits + 1, 0 for a NaN; then the lower
+// id), so both choose the same experts. The smallest of the 8 warps' largest keys is at most the
+// K-th largest key (8 experts reach it), so only experts at or above it are candidates (usually
+// ~10), which warp 0 ranks. Returns false (in every thread) when more than 32 experts reach that
+// bound (mass ties); the caller then routes with route_warp.
 static __device__ bool route_block256(const struct gemv_params &p, struct route_smem &rt) {
     const int t = threadIdx.x, w = t >> 5, l = t & 31, K = p.topk_K;
     const float shared_logit = p.has_shared_gate && t == 0 ? __ldcg(p.logits + p.topk_E) : 0.f;
     const float lg = __ldcg(p.logits + t);
-    const unsigned key = float_key(lg);
-    const unsigned wm = __reduce_max_sync(0xffffffffu, key);
-    if (l == 0) rt.wmax[w] = wm;
+    // the largest logit (NaN ignored, as fmaxf does in route_warp)
+    const unsigned lk = lg == lg ? float_key(lg) : 0u;
+    const unsigned wl = __reduce_max_sync(0xffffffffu, lk);
+    if (l == 0) rt.wmax[w] = wl;
     __syncthreads();
-    unsigned bound = 0xffffffffu, top = 0;
+    unsigned top = 0;
 #pragma unroll
-    for (int i = 0; i < 8; i++) bound = min(bound, rt.wmax[i]), top = max(top, rt.wmax[i]);
+    for (int i = 0; i < 8; i++) top = max(top, rt.wmax[i]);
     const float pr = __expf(lg - key_float(top));
-    float ps = pr;
+    const unsigned key = pr >= 0.f ? __float_as_uint(pr) + 1u : 0u;
+    float ps = fmaxf(pr, 0.f);
 #pragma unroll
     for (int o = 16; o; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+    const unsigned wk = __reduce_max_sync(0xffffffffu, key);
+    __syncthreads(); // every thread has read wmax
+    if (l == 0) rt.wmax[w] = wk, rt.psum[w] = ps;
+    __syncthreads();
+    unsigned bound = 0xffffffffu;
+#pragma unroll
+    for (int i = 0; i < 8; i++) bound = min(bound, rt.wmax[i]);
     const bool cand = key >= bound;
     const unsigned ball = __ballot_sync(0xffffffffu, cand);
-    if (l == 0) rt.cnt[w] = __popc(ball), rt.psum[w] = ps;
+    if (l == 0) rt.cnt[w] = __popc(ball);
     __syncthreads();
     int off = 0, n = 0;
 #pragma unroll
