@@ -754,8 +754,8 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         return NULL;
     }
     // default prefill chunk: 8192 tokens where the memory left after the weights allows its
-    // workspace (~2.4 GB on Qwen3.6-35B-A3B) beside long contexts (measured: 5-6% faster than 4096
-    // from 8K-token prompts on; bench/RESULTS.md), else 4096 (24 GB cards)
+    // workspace (~2.4 GB on Qwen3.6-35B-A3B) beside long contexts (measured: 5-13% faster than
+    // 4096 from 8K-token prompts on; bench/RESULTS.md), else 4096 (24 GB cards)
     size_t mem_free = 0, mem_total = 0;
     if (!(o && o->prefill_chunk > 0) && cudaMemGetInfo(&mem_free, &mem_total) == cudaSuccess &&
         mem_free >= ((size_t)16 << 30))
