@@ -709,8 +709,17 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     // WREN_CUDA_SMEM=BYTES (read once here): use at most that much shared memory per block, so
     // that a large GPU takes the kernel shapes of one with less (99 KB on consumer GPUs)
     const char *smem_cap = getenv("WREN_CUDA_SMEM");
-    if (smem_cap && atol(smem_cap) > 0 && (size_t)atol(smem_cap) < cb->cx.smem_optin)
-        cb->cx.smem_optin = (size_t)atol(smem_cap);
+    if (smem_cap && *smem_cap) {
+        char *end = NULL;
+        const long long v = strtoll(smem_cap, &end, 10);
+        if (*end || v < 96 * 1024) {
+            wren_errf(e, "WREN_CUDA_SMEM=%s: expected a byte count of at least 98304 (96 KiB)",
+                      smem_cap);
+            free(cb);
+            return NULL;
+        }
+        if ((size_t)v < cb->cx.smem_optin) cb->cx.smem_optin = (size_t)v;
+    }
     if (prop.major < 8) {
         wren_errf(e, "GPU %d (%s) has compute capability %d.%d; wren needs 8.0 or newer", dev,
                   prop.name, prop.major, prop.minor);
