@@ -688,7 +688,6 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     struct cuda_backend *cb = (struct cuda_backend *)xcalloc(1, sizeof *cb);
     cb->b.ops = &cuda_ops;
     cb->b.model = m;
-    cb->b.max_chunk = o && o->prefill_chunk > 0 ? o->prefill_chunk : 4096; // see below
     cb->b.kv_elem_bytes = 2;
     cb->cx.model = m;
     cb->cx.cfg = &m->cfg;
@@ -766,10 +765,10 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     // workspace (~2.4 GB on Qwen3.6-35B-A3B) beside long contexts (measured: 5-13% faster than
     // 4096 from 8K-token prompts on; bench/RESULTS.md), else 4096 (24 GB cards)
     size_t mem_free = 0, mem_total = 0;
-    if (!(o && o->prefill_chunk > 0) && cudaMemGetInfo(&mem_free, &mem_total) == cudaSuccess &&
-        mem_free >= ((size_t)16 << 30))
-        cb->b.max_chunk = 8192;
-    cudaGetLastError();
+    if (cudaMemGetInfo(&mem_free, &mem_total) != cudaSuccess) cudaGetLastError();
+    cb->b.max_chunk = o && o->prefill_chunk > 0      ? o->prefill_chunk
+                      : mem_free >= (size_t)16 << 30 ? 8192
+                                                     : 4096;
     if (progress_enabled())
         fprintf(stderr, "cuda: %s (%d SMs, %.0f MB L2), %.2f GiB of weights uploaded in %.1f s\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6,

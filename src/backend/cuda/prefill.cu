@@ -318,7 +318,6 @@ void cuda_prefill_free(struct cuda_ctx *cx) {
 
 int cuda_prefill_profile(struct cuda_ctx *cx, bool on, double kind_ms[PF_KINDS],
                          struct wren_err *e) {
-    pf_gemm_set_smem_optin(cx->smem_optin);
     if (!cx->prefill) cx->prefill = (struct prefill_ws *)xcalloc(1, sizeof(struct prefill_ws));
     struct prefill_ws *w = cx->prefill;
     if (kind_ms) {
