@@ -21,6 +21,8 @@ static const char USAGE[] =
     "  --max-connections N      simultaneous connections (default 64)\n"
     "  --timeout SEC            per request, arrival to last token (default 600)\n"
     "  --idle-timeout SEC       close connections silent this long (default 30)\n"
+    "  --keepalive SEC          TCP keepalive: drop a connection whose peer stops answering\n"
+    "                           for SEC+15 s (default 30; 0 disables)\n"
     "  --shutdown-timeout SEC   on SIGINT/SIGTERM, time the running request gets to finish\n"
     "                           before it is ended with an error (default 10)\n"
     "  --cache-mb N             session snapshot budget in MiB (default 4096; 0 disables reuse)\n"
@@ -70,6 +72,7 @@ int cmd_serve(int argc, char **argv) {
         INT("--max-connections", 1, 1 << 16, &o.max_connections)
         INT("--timeout", 1, 1 << 24, &o.timeout_s)
         INT("--idle-timeout", 1, 1 << 20, &o.idle_timeout_s)
+        INT("--keepalive", 0, 3600, &o.keepalive_s)
         INT("--shutdown-timeout", 0, 1 << 20, &o.shutdown_timeout_s)
         INT("--cache-mb", 0, 1 << 24, &mb)
         INT("--snapshot-every", 0, 1 << 24, &o.snapshot_every)

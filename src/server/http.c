@@ -2,6 +2,8 @@
 // that go away (their job is cancelled and leaves the queue or stops within one token).
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,10 @@
 // than a receive buffer holds, so a FIN sent behind it still gets in (see client_gone).
 #define KEEP_UNREAD (16 << 10)
 #define DISCARD_MAX (4 << 20) // input dropped per check at most: a sender cannot pin the thread
+// Keepalive probes after --keepalive idle seconds: KEEPALIVE_PROBES of them, KEEPALIVE_INTERVAL
+// seconds apart, go unanswered before the connection is dropped.
+#define KEEPALIVE_INTERVAL 5
+#define KEEPALIVE_PROBES   3
 
 // Answered from the headers alone, before the body is read (the rest of it is dropped).
 enum refusal { REFUSE_NONE, REFUSE_TOO_LARGE, REFUSE_STOPPING };
@@ -360,6 +366,30 @@ void http_drain(struct server *sv, double seconds) {
     while (atomic_load(&sv->in_flight) > 0 && now_sec() < end) nanosleep(&tick, NULL);
 }
 
+// A client whose host or network vanished sends no FIN and no reset: without keepalive its
+// connection would look alive, and the engine generate for nobody, until --timeout. Keepalive
+// covers a connection with nothing in flight (queued, or computing a non-streamed answer);
+// TCP_USER_TIMEOUT bounds how long sent data (a stream) may go unacknowledged, by the time the
+// probes take to fail, so that both end alike (with it set, Linux ends keepalive by that time
+// too, and also a zero window held that long). The kernel then aborts the socket, which polls
+// POLLERR and POLLHUP: client_gone() sees it within POLL_MS, and libmicrohttpd's next send
+// fails. A setsockopt that fails only leaves the connection as it was before keepalive existed,
+// not worth refusing the client for.
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code) {
+    (void)socket_ctx;
+    struct server *sv = cls;
+    int fd = code == MHD_CONNECTION_NOTIFY_STARTED && sv->o.keepalive_s > 0 ? client_fd(c) : -1;
+    if (fd < 0) return;
+    int on = 1, idle = sv->o.keepalive_s, interval = KEEPALIVE_INTERVAL, probes = KEEPALIVE_PROBES;
+    unsigned user_timeout_ms = (unsigned)(idle + interval * probes) * 1000u;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
 struct MHD_Daemon *http_start(struct server *sv, struct wren_err *e) {
     struct sockaddr_storage ss = {0};
     socklen_t sl;
@@ -383,7 +413,8 @@ struct MHD_Daemon *http_start(struct server *sv, struct wren_err *e) {
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)sv->o.port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR, &ss,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)sv->o.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)sv->o.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_END);
+        (unsigned)sv->o.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, completed, sv,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, sv, MHD_OPTION_END);
     if (!d)
         wren_errf(e, "cannot listen on %s port %d (in use, or not allowed?)", sv->o.host,
                   sv->o.port);

@@ -29,6 +29,7 @@ void server_opts_default(struct server_opts *o) {
         .max_connections = 64,
         .timeout_s = 600,
         .idle_timeout_s = 30,
+        .keepalive_s = 30,
         .shutdown_timeout_s = 10,
         .cache_bytes = (size_t)4096 << 20,
         .snapshot_every = -1, // 2048, or the backend's prefill chunk if larger

@@ -20,6 +20,7 @@ struct server_opts {
     int max_connections;
     int timeout_s;          // per request, from arrival to the last token
     int idle_timeout_s;     // a connection that sends nothing for this long is closed
+    int keepalive_s;        // TCP keepalive idle time (0: off); see http.c, on_connection
     int shutdown_timeout_s; // on SIGINT/SIGTERM, how long the running request may still take
     size_t cache_bytes;     // snapshot cache budget; 0 disables session reuse entirely
     int snapshot_every;     // take a state snapshot every N prompt tokens (< 0: by the backend)

@@ -4,6 +4,7 @@ The server must stay up, answer every request with a well-formed response (an Op
 object for bad requests), keep its memory bounded, and let one bad client affect no other.
 """
 import json
+import os
 import socket
 import threading
 import time
@@ -133,6 +134,61 @@ def test_slowloris(srv):
     for s in socks:
         s.close()
     assert closed_after < 8, "stalled connections were not closed by the idle timeout"
+
+
+def server_socket_timer(server_port, peer_port):
+    """(timer, seconds) of the server's ESTABLISHED socket to peer_port, from /proc/net/tcp{,6}:
+    timer is the `tr` field (0 none, 1 retransmit, 2 keepalive, ...), seconds when it fires;
+    None when there is no such socket."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            next(f)  # header
+            for line in f:
+                # sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt ...
+                fields = line.split()
+                local, remote, state, timer = fields[1], fields[2], fields[3], fields[5]
+                if (int(local.rsplit(":", 1)[1], 16) == server_port
+                        and int(remote.rsplit(":", 1)[1], 16) == peer_port and state == "01"):
+                    tr, when = timer.split(":")
+                    return int(tr, 16), int(when, 16) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+@pytest.mark.parametrize("args,keepalive", [((), 30), (("--keepalive", "100"), 100),
+                                            (("--keepalive", "0"), None)],
+                         ids=["default", "100", "off"])
+def test_keepalive(args, keepalive):
+    """Every client connection gets TCP keepalive after --keepalive idle seconds (a client whose
+    host vanished is then dropped, not served until --timeout); --keepalive 0 sets none. The
+    connection sends half a request and stays idle; the server's side of it must carry the
+    kernel's keepalive timer (`tr` 2 in /proc/net/tcp), due within --keepalive seconds."""
+    s = Server("--idle-timeout", "300", *args)
+    try:
+        idle = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        idle.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        peer_port = idle.getsockname()[1]
+        # a later connection answered: the daemon has accepted (and set up) the idle one
+        assert s.request("GET", "/health")[0] == 200
+        deadline = time.time() + 5
+        while True:
+            found = server_socket_timer(s.port, peer_port)
+            assert found, f"no ESTABLISHED server socket to port {peer_port}"
+            timer, seconds = found
+            if timer == 2 or keepalive is None or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        if keepalive is None:
+            assert timer != 2, "keepalive is on with --keepalive 0"
+        else:
+            assert timer == 2, f"no keepalive timer on the server's socket (tr {timer})"
+            # the configured idle time, not the system's (net.ipv4.tcp_keepalive_time, 7200 s)
+            assert keepalive - 15 < seconds <= keepalive, seconds
+        idle.close()
+        assert s.alive()
+    finally:
+        s.stop()
 
 
 def test_many_concurrent_clients(srv):
