@@ -4,8 +4,9 @@
 // writes its slice of the next vector. Separated by
 //   graph:  one kernel per stage, replayed from a CUDA graph;
 //   pdl:    the same with programmatic dependent launch (as the decode step runs);
-//   flags:  one persistent kernel (a CTA per SM, cooperative launch) with a counter per stage:
-//           a CTA adds 1 (release) after writing its slice and waits (acquire) until all have.
+//   flags:  one persistent kernel (a CTA per SM, cooperative launch) and one counter: after
+//           writing its slice a CTA adds 1 (release) and waits (acquire) until the counter
+//           reaches (stage + 1) x CTAs.
 // usage: bench_stage_sync [STAGES]
 #include "common_check.cuh"
 
