@@ -15,13 +15,16 @@ extern "C" {
 }
 
 // Turns a failing CUDA call into a wren_err and returns -1 from the enclosing function.
-// `e` must be a struct wren_err * in scope.
+// `e` must be a struct wren_err * in scope. The error is also cleared from cudaGetLastError: a
+// non-sticky one (bad launch configuration, out of memory) must not fail the next launch check.
 #define CUDA_CHECK(call)                                                                           \
     do {                                                                                           \
         cudaError_t cuda_check_rc_ = (call);                                                       \
-        if (cuda_check_rc_ != cudaSuccess)                                                         \
+        if (cuda_check_rc_ != cudaSuccess) {                                                       \
+            cudaGetLastError();                                                                    \
             return wren_errf(e, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(cuda_check_rc_), \
                              __FILE__, __LINE__, #call);                                           \
+        }                                                                                          \
     } while (0)
 
 // After a kernel launch: reports launch-configuration errors (not asynchronous faults).

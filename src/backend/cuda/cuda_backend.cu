@@ -59,8 +59,8 @@ static int dalloc(struct cuda_backend *cb, size_t n, void **out, struct wren_err
     cudaError_t rc = cudaMalloc(&p, n ? n : 16);
     if (rc != cudaSuccess) {
         size_t fr = 0, tot = 0;
-        cudaGetLastError();
-        cudaMemGetInfo(&fr, &tot);
+        cudaMemGetInfo(&fr, &tot); // for the message only: 0 if it fails too
+        cudaGetLastError();        // after both: the next launch check must not see either
         return wren_errf(e, "out of GPU memory allocating %.1f MiB (%.1f MiB free of %.1f MiB)",
                          n / 1048576.0, fr / 1048576.0, tot / 1048576.0);
     }
@@ -291,8 +291,14 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
 
 // ---- state ------------------------------------------------------------------------------------
 static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren_err *e) {
-    cudaSetDevice(cb_of(b)->cx.device); // entry points may run on threads other than the creator's
     struct cuda_backend *cb = cb_of(b);
+    // entry points may run on threads other than the creator's
+    cudaError_t rc = cudaSetDevice(cb->cx.device);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        wren_errf(e, "selecting GPU %d: %s", cb->cx.device, cudaGetErrorString(rc));
+        return NULL;
+    }
     const struct model_config *c = cb->cx.cfg;
     if (max_ctx < 1) {
         wren_errf(e, "context size %d is not positive", max_ctx);
@@ -319,19 +325,21 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
     const size_t log_off = off;
     off += up((size_t)c->vocab * 4);
     s->rec_bytes = off - s->rec_off;
-    cudaError_t rc = cudaMalloc(&s->block, off);
+    rc = cudaMalloc(&s->block, off);
     if (rc != cudaSuccess) {
-        cudaGetLastError();
         size_t fr = 0, tot = 0;
-        cudaMemGetInfo(&fr, &tot);
+        cudaMemGetInfo(&fr, &tot); // for the message only: 0 if it fails too
+        cudaGetLastError();        // after both: the next launch check must not see either
         wren_errf(e, "out of GPU memory for a %d-token context: needs %.1f MiB, %.1f MiB free",
                   max_ctx, off / 1048576.0, fr / 1048576.0);
         free(s);
         return NULL;
     }
-    if (cudaMemsetAsync(s->block, 0, off, cb->cx.stream) != cudaSuccess) {
-        wren_errf(e, "cudaMemset of the state failed");
-        cudaFree(s->block);
+    rc = cudaMemsetAsync(s->block, 0, off, cb->cx.stream);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        wren_errf(e, "clearing the state: %s", cudaGetErrorString(rc));
+        cudaFree(s->block); // best effort: the error above is the one to report
         free(s);
         return NULL;
     }
@@ -354,6 +362,8 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
     return s;
 }
 
+// Results ignored here and in the other release paths: they cannot report, and a failure leaves at
+// worst a leak on a device already in error.
 static void cuda_state_free(struct backend *b, struct bstate *s) {
     if (s) cudaSetDevice(cb_of(b)->cx.device);
     if (!s) return;
@@ -379,16 +389,20 @@ static int capture(struct cuda_backend *cb, struct bstate *s, const struct sampl
     int rc = decode_enqueue(&cb->cx, &cb->ws, &s->st, e);
     if (!rc && sp) rc = sample_launch(sp, st, e);
     cudaError_t ce = cudaStreamEndCapture(st, &g);
+    // a failed capture is reported here, not again by the next launch check
+    if (ce != cudaSuccess) cudaGetLastError();
     if (rc) {
-        if (g) cudaGraphDestroy(g);
+        if (g) cudaGraphDestroy(g); // only cleanup: the error of the enqueue is already in e
         return -1;
     }
     if (ce != cudaSuccess)
         return wren_errf(e, "capturing the decode step: %s", cudaGetErrorString(ce));
     ce = cudaGraphInstantiate(out, g, 0);
-    cudaGraphDestroy(g);
-    if (ce != cudaSuccess)
+    cudaGraphDestroy(g); // the instantiated graph no longer needs it; nothing to report
+    if (ce != cudaSuccess) {
+        cudaGetLastError();
         return wren_errf(e, "instantiating the decode graph: %s", cudaGetErrorString(ce));
+    }
     return 0;
 }
 
@@ -493,6 +507,7 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos,
     // every token fed must fit: the last sampled token is not fed when max_new is reached
     if (pos + max_new - 1 > s->st.max_ctx) max_new = s->st.max_ctx - pos + 1;
     if (!s->gen || !same_sampler(&s->gen_p, p)) {
+        // release only: a failure cannot be acted on, and the graph is replaced either way
         if (s->gen) cudaGraphExecDestroy(s->gen), s->gen = NULL;
         struct sample_params sp;
         fill_sample_params(cb, s, p, 1, &sp);
@@ -548,8 +563,13 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos,
 // ---- snapshots --------------------------------------------------------------------------------
 static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos, bool with_kv,
                                     struct wren_err *e) {
-    cudaSetDevice(cb_of(b)->cx.device);
     struct cuda_backend *cb = cb_of(b);
+    cudaError_t rc = cudaSetDevice(cb->cx.device);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        wren_errf(e, "selecting GPU %d: %s", cb->cx.device, cudaGetErrorString(rc));
+        return NULL;
+    }
     const struct model_config *c = cb->cx.cfg;
     const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
     if (pos < 0 || pos > s->st.max_ctx) {
@@ -568,8 +588,8 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
         return NULL;
     }
     char *d = (char *)sn->dev;
-    cudaError_t rc = cudaMemcpyAsync(d, (char *)s->block + s->rec_off, s->rec_bytes,
-                                     cudaMemcpyDeviceToDevice, st);
+    rc = cudaMemcpyAsync(d, (char *)s->block + s->rec_off, s->rec_bytes, cudaMemcpyDeviceToDevice,
+                         st);
     size_t o = s->rec_bytes;
     for (int j = 0; with_kv && j < s->st.n_attn && rc == cudaSuccess; j++) {
         rc = cudaMemcpyAsync(d + o, s->st.k_cache[j], pos * row, cudaMemcpyDeviceToDevice, st);
@@ -580,8 +600,9 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
     }
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(st);
     if (rc != cudaSuccess) {
+        cudaGetLastError();
         wren_errf(e, "saving a snapshot: %s", cudaGetErrorString(rc));
-        cudaFree(sn->dev);
+        cudaFree(sn->dev); // best effort: the copy's error is the one to report
         free(sn);
         return NULL;
     }
@@ -617,6 +638,7 @@ static size_t cuda_snap_bytes(const struct bsnap *sn) {
     return sn ? sn->bytes : 0;
 }
 
+// Release path: results ignored (see cuda_state_free).
 static void cuda_snap_free(struct backend *b, struct bsnap *sn) {
     if (sn) cudaSetDevice(cb_of(b)->cx.device);
     if (!sn) return;
@@ -625,6 +647,7 @@ static void cuda_snap_free(struct backend *b, struct bsnap *sn) {
 }
 
 // ---- lifetime ---------------------------------------------------------------------------------
+// Teardown: CUDA results are ignored (nothing can be reported; see cuda_state_free).
 static void cuda_destroy(struct backend *b) {
     if (!b) return;
     struct cuda_backend *cb = cb_of(b);

@@ -10,14 +10,15 @@ void decode_profile_set(struct decode_prof *p) {
     g_prof = p;
 }
 
-static int prof_mark(cudaStream_t s, int cat) {
+static int prof_mark(cudaStream_t s, int cat, struct wren_err *e) {
     struct decode_prof *p = g_prof;
     if (!p || p->n >= DPROF_MAX) return 0;
-    if (!p->ev[p->n] && cudaEventCreate(&p->ev[p->n]) != cudaSuccess) return -1;
+    if (!p->ev[p->n]) CUDA_CHECK(cudaEventCreate(&p->ev[p->n]));
     p->cat[p->n] = cat;
-    return cudaEventRecord(p->ev[p->n++], s) == cudaSuccess ? 0 : -1;
+    CUDA_CHECK(cudaEventRecord(p->ev[p->n++], s));
+    return 0;
 }
-#define PROF(cat, call) (prof_mark(cx->stream, cat) || (call) || prof_mark(cx->stream, -1))
+#define PROF(cat, call) (prof_mark(cx->stream, cat, e) || (call) || prof_mark(cx->stream, -1, e))
 
 __global__ void set_pos_tok_kernel(int *pos, int p, int32_t *tok, int32_t t) {
     *pos = p;

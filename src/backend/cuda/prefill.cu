@@ -77,17 +77,19 @@ void ws_free(struct prefill_ws *w) {
                     w->rb.offsets, w->rb.cursor, w->rb.sorted_tok,
                     w->rb.slot,    w->rb.tiles,  w->rb.n_tiles};
     for (void *b : bufs)
-        if (b) cudaFree(b);
+        if (b) cudaFree(b); // release only: nothing to report, at worst a leak
     memset(w, 0, offsetof(struct prefill_ws, prof)); // the profile fields survive a regrow
 }
 
 template <class T> int alloc(T **p, size_t n, struct wren_err *e) {
     cudaError_t rc = cudaMalloc((void **)p, n * sizeof(T) + 256);
-    if (rc != cudaSuccess)
+    if (rc != cudaSuccess) {
+        cudaGetLastError(); // reported here; a later launch check must not see it
         return wren_errf(e,
                          "prefill workspace: cannot allocate %zu MiB on the GPU (%s); use a "
                          "smaller prefill chunk",
                          (n * sizeof(T)) >> 20, cudaGetErrorString(rc));
+    }
     return 0;
 }
 
@@ -129,9 +131,17 @@ struct runner {
     struct cuda_ctx *cx;
     struct prefill_ws *w;
     struct wren_err *e;
+    // first failure to record a profiling event: kept for the end of the forward, so that the
+    // callers of phase() need no error path of their own
+    cudaError_t ev_rc = cudaSuccess;
     void phase(int kind) {
         if (!w->prof || w->n_ev >= MAX_EVENTS) return;
-        cudaEventRecord(w->ev[w->n_ev], cx->stream);
+        cudaError_t rc = cudaEventRecord(w->ev[w->n_ev], cx->stream);
+        if (rc != cudaSuccess) {
+            cudaGetLastError();
+            if (ev_rc == cudaSuccess) ev_rc = rc;
+            return;
+        }
         w->ev_kind[w->n_ev++] = kind;
     }
 };
@@ -297,6 +307,9 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
     r.phase(PF_OTHER);
     CUDA_CHECK(cudaStreamSynchronize(s)); // forward returns when the work is done (and checked)
     CUDA_CHECK_LAUNCH();
+    if (r.ev_rc != cudaSuccess)
+        return wren_errf(e, "prefill profiling: recording an event: %s",
+                         cudaGetErrorString(r.ev_rc));
     if (w->prof)
         for (int i = 0; i + 1 < w->n_ev; i++) {
             float ms = 0;
@@ -311,7 +324,7 @@ void cuda_prefill_free(struct cuda_ctx *cx) {
     if (!w) return;
     ws_free(w);
     if (w->ev_made)
-        for (int i = 0; i < MAX_EVENTS; i++) cudaEventDestroy(w->ev[i]);
+        for (int i = 0; i < MAX_EVENTS; i++) cudaEventDestroy(w->ev[i]); // teardown: no report
     free(w);
     cx->prefill = nullptr;
 }
