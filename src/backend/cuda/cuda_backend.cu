@@ -290,15 +290,16 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
 }
 
 // ---- state ------------------------------------------------------------------------------------
+// For the entry points that return a pointer (the others call CUDA_CHECK(cudaSetDevice) directly):
+// they may run on threads other than the creator's.
+static int use_device(struct cuda_backend *cb, struct wren_err *e) {
+    CUDA_CHECK(cudaSetDevice(cb->cx.device));
+    return 0;
+}
+
 static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
-    // entry points may run on threads other than the creator's
-    cudaError_t rc = cudaSetDevice(cb->cx.device);
-    if (rc != cudaSuccess) {
-        cudaGetLastError();
-        wren_errf(e, "selecting GPU %d: %s", cb->cx.device, cudaGetErrorString(rc));
-        return NULL;
-    }
+    if (use_device(cb, e)) return NULL;
     const struct model_config *c = cb->cx.cfg;
     if (max_ctx < 1) {
         wren_errf(e, "context size %d is not positive", max_ctx);
@@ -325,7 +326,7 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
     const size_t log_off = off;
     off += up((size_t)c->vocab * 4);
     s->rec_bytes = off - s->rec_off;
-    rc = cudaMalloc(&s->block, off);
+    cudaError_t rc = cudaMalloc(&s->block, off);
     if (rc != cudaSuccess) {
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot); // for the message only: 0 if it fails too
@@ -564,12 +565,7 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos,
 static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos, bool with_kv,
                                     struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
-    cudaError_t rc = cudaSetDevice(cb->cx.device);
-    if (rc != cudaSuccess) {
-        cudaGetLastError();
-        wren_errf(e, "selecting GPU %d: %s", cb->cx.device, cudaGetErrorString(rc));
-        return NULL;
-    }
+    if (use_device(cb, e)) return NULL;
     const struct model_config *c = cb->cx.cfg;
     const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
     if (pos < 0 || pos > s->st.max_ctx) {
@@ -588,8 +584,8 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
         return NULL;
     }
     char *d = (char *)sn->dev;
-    rc = cudaMemcpyAsync(d, (char *)s->block + s->rec_off, s->rec_bytes, cudaMemcpyDeviceToDevice,
-                         st);
+    cudaError_t rc = cudaMemcpyAsync(d, (char *)s->block + s->rec_off, s->rec_bytes,
+                                     cudaMemcpyDeviceToDevice, st);
     size_t o = s->rec_bytes;
     for (int j = 0; with_kv && j < s->st.n_attn && rc == cudaSuccess; j++) {
         rc = cudaMemcpyAsync(d + o, s->st.k_cache[j], pos * row, cudaMemcpyDeviceToDevice, st);

@@ -179,14 +179,20 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
         return wren_errf(e, "gemv: gated norm over heads of %d does not divide %d", p->gn_dv,
                          p->cols);
     size_t smem = ((size_t)xpad_len(p->cols) + (p->gn_w ? p->cols / p->gn_dv : 0)) * sizeof(float);
-    void (*k)(const struct gemv_params) = tpr == 32    ? gemv_kernel<32>
-                                          : tpr == 64  ? gemv_kernel<64>
-                                          : tpr == 128 ? gemv_kernel<128>
-                                                       : gemv_kernel<256>;
-    // the kernel's static shared memory (reduction, routing) counts against the same limit
-    cudaFuncAttributes fa;
-    CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
-    if (smem + fa.sharedSizeBytes > g_smem_optin)
+    static void (*const kernels[4])(const struct gemv_params) = {
+        gemv_kernel<32>, gemv_kernel<64>, gemv_kernel<128>, gemv_kernel<256>};
+    const int ki = tpr == 32 ? 0 : tpr == 64 ? 1 : tpr == 128 ? 2 : 3;
+    void (*k)(const struct gemv_params) = kernels[ki];
+    // the kernel's static shared memory (reduction, routing) counts against the same limit;
+    // queried once per kernel, not per launch
+    static size_t static_smem[4];
+    static bool queried[4];
+    if (!queried[ki]) {
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
+        static_smem[ki] = fa.sharedSizeBytes, queried[ki] = true;
+    }
+    if (smem + static_smem[ki] > g_smem_optin)
         return wren_errf(e, "gemv: input of %d columns does not fit in shared memory", p->cols);
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
