@@ -3,6 +3,7 @@
 // projections, MoE) x 40, per kernel mode: int8-activation kernels with and without programmatic
 // dependent launch, and the f32-activation kernels. Prints us per launch and GB/s of weights read.
 // usage: bench_decode_gemv [REPS]     bench_decode_gemv once   (each kind launched once, for ncu)
+//        bench_decode_gemv cold [REPS]   (weights from HBM instead of the L2, see bench_cold)
 #include "backend/cuda/gemv_dev.cuh"
 #include "common_check.cuh"
 #include "rand_dev.cuh"
@@ -186,17 +187,109 @@ template <class F> double time_graph(cudaStream_t st, int n, int reps, F f) {
     return ms * 1e3 / reps / n;
 }
 
+// A copy of m in fresh device memory. The "cold" timings cycle through enough copies that every
+// launch reads its weights from HBM, as the real step does (40 distinct layers, 1.67 GB per
+// token), rather than from the 50 MB L2 that 20 replays of one matrix hit.
+struct dmat clone_mat(const struct dmat &m) {
+    struct dmat c = m;
+    if (!m.data) return c;
+    uint8_t *d, *sc, *b;
+    CK(cudaMalloc(&d, m.mat_stride * m.n));
+    CK(cudaMalloc(&sc, m.sb_mat_stride * m.n));
+    CK(cudaMalloc(&b, m.sb_mat_stride * m.n));
+    CK(cudaMemcpy(d, m.data, m.mat_stride * m.n, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(sc, m.scales, m.sb_mat_stride * m.n, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(b, m.biases, m.sb_mat_stride * m.n, cudaMemcpyDeviceToDevice));
+    c.data = d, c.scales = sc, c.biases = b;
+    return c;
+}
+gemv_params clone_params(const gemv_params &p) {
+    gemv_params q = p;
+    for (int i = 0; i < p.nseg; i++)
+        q.seg[i].a = clone_mat(p.seg[i].a), q.seg[i].b = clone_mat(p.seg[i].b);
+    return q;
+}
+
+// "cold": each non-routed launch kind over enough copies of its matrices to exceed the L2, and the
+// layer chain over 40 layers' weights, each layer routing to its own experts.
+void bench_cold(const shapes &s, const cudaDeviceProp &prop, cudaStream_t st, int reps) {
+    struct decode_config dc = {prop.multiProcessorCount, prop.sharedMemPerBlockOptin,
+                               prop.major >= 9, false};
+    decode_configure(&dc);
+    struct {
+        const char *name;
+        const gemv_params *p;
+    } ks[] = {{"dn in_proj 12352x2048 conv", &s.in_proj},
+              {"dn out_proj 2048x4096 gated", &s.out_proj},
+              {"attn qkv 9216x2048", &s.qkv},
+              {"attn o_proj 2048x4096", &s.o_proj},
+              {"router 257x2048 q8", &s.router}};
+    printf("us per launch (int8+pdl): hot = 20 replays of one matrix, cold = cycling through "
+           "copies\n");
+    for (auto &k : ks) {
+        double b = 0;
+        for (int i = 0; i < k.p->nseg; i++) b += mat_bytes(k.p->seg[i].a, 1);
+        const int nc = (int)fmin(400., fmax(4., ceil(200e6 / b)));
+        std::vector<gemv_params> cp(nc);
+        for (int i = 0; i < nc; i++) cp[i] = clone_params(*k.p);
+        const double hot = time_graph(st, 20, reps, [&](cudaStream_t t) {
+            gemv_params q = *k.p;
+            return gemv_launch(&q, t, &g_err);
+        });
+        int i = 0;
+        const double cold = time_graph(st, nc, reps, [&](cudaStream_t t) {
+            gemv_params q = cp[i++ % nc];
+            return gemv_launch(&q, t, &g_err);
+        });
+        printf("%-30s hot %6.2f  cold %6.2f  (%d copies, cold %.0f GB/s)\n", k.name, hot, cold, nc,
+               b / cold / 1e3);
+    }
+    // each layer its own router weights, so it routes to its own experts of the shared stacks,
+    // and the down projection reads the experts the routing chose
+    const int L = 40;
+    std::vector<gemv_params> in(L), out(L), rt(L);
+    moe_down_params dn = s.down;
+    dn.ids = s.gate_up.ids;
+    for (int l = 0; l < L; l++) {
+        in[l] = clone_params(s.in_proj), out[l] = clone_params(s.out_proj), rt[l] = s.router;
+        rt[l].seg[0].a = rand_mat(1, 256, 2048, 8);
+    }
+    for (int cold = 0; cold < 2; cold++) {
+        int l = 0;
+        const double us = time_graph(st, L, reps, [&](cudaStream_t t) {
+            const int i = cold ? l++ : 0;
+            gemv_params q;
+            q = cold ? in[i] : s.in_proj;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            q = cold ? out[i] : s.out_proj;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            q = cold ? rt[i] : s.router;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            q = s.gate_up;
+            if (gemv_launch(&q, t, &g_err)) return -1;
+            return moe_down_launch(cold ? &dn : &s.down, t, &g_err);
+        });
+        printf("layer chain (5 launches), %s: %.2f us\n",
+               cold ? "40 layers' weights, routed experts" : "one layer's weights, fixed experts",
+               us);
+    }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
     init_device();
     const bool once = argc > 1 && !strcmp(argv[1], "once");
-    const int reps = argc > 1 && !once ? atoi(argv[1]) : 20;
+    const int reps = argc > 1 && !once && strcmp(argv[1], "cold") ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     shapes s = make_shapes();
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    if (argc > 1 && !strcmp(argv[1], "cold")) {
+        bench_cold(s, prop, st, argc > 2 ? atoi(argv[2]) : 20);
+        return 0;
+    }
     if (once) {
         gemv_params *ps[] = {&s.in_proj, &s.out_proj, &s.qkv,    &s.o_proj,
                              &s.router,  &s.gate_up,  &s.lm_head};
