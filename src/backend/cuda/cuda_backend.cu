@@ -539,9 +539,17 @@ static int cuda_generate(struct backend *b, struct bstate *s, int pos,
     for (;;) {
         // run one step ahead: feed the token not yet read while the host handles the previous one
         if (launched < max_new) {
-            CUDA_CHECK(cudaGraphLaunch(s->gen, cx->stream));
-            CUDA_CHECK(cudaEventRecord(cb->ev[launched % RING_N], cx->stream));
-            launched++;
+            // a failure still reports the tokens read so far (and waits for the steps in flight)
+            cudaError_t le = cudaGraphLaunch(s->gen, cx->stream);
+            if (le == cudaSuccess) {
+                le = cudaEventRecord(cb->ev[launched % RING_N], cx->stream);
+                launched++;
+            }
+            if (le != cudaSuccess) {
+                cudaGetLastError();
+                rc = wren_errf(e, "decode step launch failed: %s", cudaGetErrorString(le));
+                break;
+            }
         }
         cudaError_t ce = cudaEventSynchronize(cb->ev[got % RING_N]);
         if (ce != cudaSuccess) {
