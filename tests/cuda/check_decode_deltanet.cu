@@ -1,8 +1,10 @@
 // Gated DeltaNet step check: many consecutive steps against the host recurrence (state decay,
-// delta rule, readout, gated RMSNorm), comparing the outputs at every step and the final state.
+// delta rule, readout, gated RMSNorm), comparing the outputs at every step and the final state,
+// for both kernel shapes: column slices (raw readout; the gated norm then runs in the out_proj
+// GEMV's load, checked too) and a block per head with the gated norm fused (norm_w set).
 #include "common_check.cuh"
 
-static void t_dn(int kh, int vh, int dk, int dv, int steps) {
+static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused) {
     const int qk = kh * dk, V = vh * dv, C = 2 * qk + V;
     std::vector<float> A_log = rnd_vec(vh, -1, 1), dtb = rnd_vec(vh, -1, 1),
                        nw = rnd_vec(dv, 0.5f, 1.5f);
@@ -27,6 +29,9 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps) {
         p.qkv = dqkv, p.z = dz, p.b = db, p.a = da, p.S = dS, p.A_log = dA, p.dt_bias = ddt,
         p.y = dy;
         p.k_heads = kh, p.v_heads = vh, p.dk = dk, p.dv = dv, p.eps = 1e-6f;
+        p.norm_w = fused ? dnw : nullptr;
+        if (t == 0 && fused)
+            check_true("deltanet block-per-head kernel offered", deltanet_head_ok(&p));
         WK(deltanet_launch(&p, 0, &err_));
         for (int h = 0; h < vh; h++) {
             int hk = h / (vh / kh);
@@ -59,16 +64,17 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps) {
             }
         }
         std::vector<float> gy = host_copy(dy, V);
+        const std::vector<float> &want = fused ? y : oraw;
         for (int i = 0; i < V; i++) {
-            double d = fabs(gy[i] - oraw[i]);
-            if (!(d <= 2e-3 + 2e-3 * fabs(oraw[i]))) ok = false;
+            double d = fabs(gy[i] - want[i]);
+            if (!(d <= 2e-3 + 2e-3 * fabs(want[i]))) ok = false;
             worst = d > worst ? d : worst;
         }
     }
     // the gated RMSNorm * silu(z) runs in the out_proj GEMV's input load: check it on the last
     // step, with the f32-activation kernel (bf16) and the int8 one (4-bit)
     for (int bits : {16, 4}) {
-        if (bits == 4 && V % 64) continue; // one whole group per 64 inputs
+        if (fused || (bits == 4 && V % 64)) continue; // one whole group per 64 inputs
         const int rows = 77;
         struct tmat W = make_mat(1, rows, V, bits, 64);
         float *out = dev_poison(rows);
@@ -88,18 +94,21 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps) {
         check_close_b(nm, host_copy(out, rows).data(), want.data(), bound, 2e-3f, 5e-3f);
     }
     char name[128];
-    snprintf(name, sizeof name, "deltanet %d steps %dk/%dv heads d%dx%d outputs (max err %.2g)",
-             steps, kh, vh, dk, dv, worst);
+    snprintf(name, sizeof name, "deltanet %s %d steps %dk/%dv heads d%dx%d outputs (max err %.2g)",
+             fused ? "per head + gated norm," : "slices,", steps, kh, vh, dk, dv, worst);
     check_true(name, ok);
-    snprintf(name, sizeof name, "deltanet final state d%dx%d", dk, dv);
+    snprintf(name, sizeof name, "deltanet final state d%dx%d%s", dk, dv,
+             fused ? " (per head)" : "");
     check_close(name, host_copy(dS, S.size()).data(), S.data(), S.size(), 1e-3f, 1e-3f);
 }
 
 int main(void) {
     init_device();
-    t_dn(16, 32, 128, 128, 64);
-    t_dn(2, 4, 64, 64, 100);
-    t_dn(1, 3, 32, 24, 50);
-    t_dn(4, 4, 16, 128, 30);
+    for (bool fused : {false, true}) {
+        t_dn(16, 32, 128, 128, 64, fused);
+        t_dn(2, 4, 64, 64, 100, fused);
+        t_dn(1, 3, 32, 24, 50, fused);
+        t_dn(4, 4, 16, 128, 30, fused);
+    }
     return finish("check_decode_deltanet");
 }

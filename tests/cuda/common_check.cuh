@@ -232,6 +232,7 @@ static void init_device(void) {
     dc.pdl = p.major >= 9;
     const char *f = getenv("WREN_CUDA_DECODE"); // as the backend: "f32gemv" checks the f32 kernels
     dc.f32_gemv = f && strstr(f, "f32gemv");
+    dc.dn_slices = false;
     decode_configure(&dc);
 }
 

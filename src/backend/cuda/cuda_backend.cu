@@ -752,13 +752,14 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         free(cb);
         return NULL;
     }
-    // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl" and/or "f32gemv"
+    // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl", "f32gemv", "dnslices"
     const char *dflags = getenv("WREN_CUDA_DECODE");
     struct decode_config dc;
     dc.sm_count = prop.multiProcessorCount;
     dc.smem_optin = cb->cx.smem_optin;
     dc.pdl = prop.major >= 9 && !(dflags && strstr(dflags, "nopdl"));
     dc.f32_gemv = dflags && strstr(dflags, "f32gemv");
+    dc.dn_slices = dflags && strstr(dflags, "dnslices");
     decode_configure(&dc);
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;

@@ -66,11 +66,13 @@ int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
 struct decode_config {
     int sm_count;
     size_t smem_optin;
-    bool pdl;      // programmatic dependent launch between the step's kernels (sm_90+)
-    bool f32_gemv; // force the f32-activation GEMV/MoE-down kernels (comparison runs)
+    bool pdl;       // programmatic dependent launch between the step's kernels (sm_90+)
+    bool f32_gemv;  // force the f32-activation GEMV/MoE-down kernels (comparison runs)
+    bool dn_slices; // the DeltaNet step in column slices, the norm in out_proj (comparison runs)
 };
 void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);
+bool decode_dn_slices(void);
 bool decode_pdl(void); // launch the decode kernels with programmatic dependent launch
 void qgemv_set_sm_count(int sm_count);
 void attn_set_device(int sm_count, size_t smem_optin);
@@ -98,11 +100,17 @@ struct deltanet_params {
     const float *b, *a;           // [v_heads]
     float *S;                     // [v_heads][d_k][d_v] state
     const float *A_log, *dt_bias; // [v_heads]
-    float *y;                     // [v] raw readout o (normed by the out_proj load)
+    float *y;                     // [v] readout: raw o, or gated-normed when norm_w is set
+    // non-NULL: y = o * rsqrt(mean_head(o^2) + eps) * norm_w * silu(z) (the gated RMSNorm over
+    // each head, done here instead of in the out_proj load); only where deltanet_head_ok
+    const float *norm_w;
     int k_heads, v_heads, dk, dv;
     float eps;
 };
 int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e);
+// Whether the step can run a block per value head with its state columns in registers, and so
+// apply the gated RMSNorm itself (d_k 16..128, d_v <= 256).
+bool deltanet_head_ok(const struct deltanet_params *p);
 
 // ---- Attention decode ---------------------------------------------------------------------------
 struct attn_params {

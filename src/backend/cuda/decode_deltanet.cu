@@ -1,7 +1,109 @@
 // One Gated DeltaNet step, fused: q/k l2norm, g and beta, the state decay, the delta-rule update
 // and the readout with the state held in registers (read once, written once). The causal conv +
-// silu already ran in the projection's epilogue (EPI_CONV).
+// silu already ran in the projection's epilogue (EPI_CONV). Two shapes: a block per value head
+// with the gated RMSNorm of the head's output fused (d_k 16..128: this model family; +1.5% decode,
+// bench/RESULTS.md), else blocks of 32 state columns, the norm left to the out_proj GEMV's load.
 #include "backend/cuda/decode.cuh"
+
+#define DNH_MAX_THREADS 256 // threads of a head block: d_v x (2 for d_k 128, else 1)
+
+// Block-wide sums of two floats (nthreads a multiple of 32, <= 256); red: 2 * 8 floats.
+static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    __syncthreads(); // red may still be read by an earlier call
+    if (lane == 0) red[warp] = a, red[8 + warp] = b;
+    __syncthreads();
+    a = b = 0.f;
+    for (int w = 0; w < nw; w++) a += red[w], b += red[8 + w];
+}
+
+// Block = value head h; TPC threads per state column j (adjacent lanes), each holding DK / TPC
+// of its rows in registers (TPC = 2 for DK = 128 keeps it under 255 registers without spills):
+// kv = S^T k and o = S^T q are per-thread sums plus a shuffle, and the block sees the whole
+// head's o, so it applies the gated RMSNorm: out_proj then reads a plain input (its prologue is
+// ~2 us shorter). Four partial sums per dot product keep the dependent chains short. q and k sit
+// in shared memory per row part, padded so the parts read different banks.
+template <int DK, int TPC>
+__global__ void __launch_bounds__(DNH_MAX_THREADS)
+    deltanet_head_kernel(const __grid_constant__ struct deltanet_params p) {
+    constexpr int R = DK / TPC, RP = R + 4;
+    __shared__ __align__(16) float q[TPC * RP], k[TPC * RP];
+    __shared__ float red[16];
+    const int h = blockIdx.x, t = threadIdx.x, j = t / TPC, part = t % TPC, dv = p.dv;
+    const int nt = blockDim.x, kh = h / (p.v_heads / p.k_heads), qk = p.k_heads * DK;
+    const bool ok = j < dv;
+    float *Sh = p.S + ((size_t)h * DK + (size_t)part * R) * dv + j;
+    float S[R];
+    pdl_trigger();
+    // this layer's own state and constants: loaded while the projection is still finishing
+#pragma unroll
+    for (int i = 0; i < R; i++) S[i] = ok ? Sh[(size_t)i * dv] : 0.f;
+    const float A_log = p.A_log[h], dt_bias = p.dt_bias[h];
+    const float nw = ok ? p.norm_w[j] : 0.f;
+    pdl_wait();
+    const float b_in = __ldcg(p.b + h), a_in = __ldcg(p.a + h);
+    for (int i = t; i < DK; i += nt) {
+        q[i + i / R * 4] = __ldcg(p.qkv + kh * DK + i);
+        k[i + i / R * 4] = __ldcg(p.qkv + qk + kh * DK + i);
+    }
+    const float vv = ok ? __ldcg(p.qkv + 2 * qk + h * dv + j) : 0.f;
+    const float zz = ok ? __ldcg(p.z + h * dv + j) : 0.f;
+    __syncthreads();
+    float sq = 0.f, sk = 0.f;
+    for (int i = t; i < DK; i += nt) {
+        const float a = q[i + i / R * 4], b = k[i + i / R * 4];
+        sq += a * a, sk += b * b;
+    }
+    block_sum2(sq, sk, red);
+    const float qs = rsqrtf(sq + 1e-6f) * rsqrtf((float)DK), ks = rsqrtf(sk + 1e-6f);
+    const float beta = sigmoid_f(b_in);
+    const float ax = a_in + dt_bias;
+    const float sp = ax > 20.f ? ax : log1pf(__expf(ax));
+    const float g = __expf(-__expf(A_log) * sp);
+    const float4 *k4 = reinterpret_cast<const float4 *>(k + part * RP);
+    const float4 *q4 = reinterpret_cast<const float4 *>(q + part * RP);
+    float a4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < R / 4; i++) {
+        const float4 kk = k4[i];
+        a4[0] = fmaf(S[4 * i], kk.x, a4[0]);
+        a4[1] = fmaf(S[4 * i + 1], kk.y, a4[1]);
+        a4[2] = fmaf(S[4 * i + 2], kk.z, a4[2]);
+        a4[3] = fmaf(S[4 * i + 3], kk.w, a4[3]);
+    }
+    float kv = (a4[0] + a4[1]) + (a4[2] + a4[3]);
+#pragma unroll
+    for (int o = 1; o < TPC; o <<= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
+    const float d = beta * (vv - g * kv * ks), dks = d * ks;
+    a4[0] = a4[1] = a4[2] = a4[3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < R / 4; i++) {
+        const float4 kk = k4[i], qq = q4[i];
+        S[4 * i] = fmaf(g, S[4 * i], kk.x * dks);
+        S[4 * i + 1] = fmaf(g, S[4 * i + 1], kk.y * dks);
+        S[4 * i + 2] = fmaf(g, S[4 * i + 2], kk.z * dks);
+        S[4 * i + 3] = fmaf(g, S[4 * i + 3], kk.w * dks);
+        a4[0] = fmaf(S[4 * i], qq.x, a4[0]);
+        a4[1] = fmaf(S[4 * i + 1], qq.y, a4[1]);
+        a4[2] = fmaf(S[4 * i + 2], qq.z, a4[2]);
+        a4[3] = fmaf(S[4 * i + 3], qq.w, a4[3]);
+    }
+    if (ok)
+#pragma unroll
+        for (int i = 0; i < R; i++) Sh[(size_t)i * dv] = S[i];
+    float o = (a4[0] + a4[1]) + (a4[2] + a4[3]);
+#pragma unroll
+    for (int off = 1; off < TPC; off <<= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
+    o *= qs;
+    float so = ok && part == 0 ? o * o : 0.f, unused = 0.f;
+    block_sum2(so, unused, red);
+    if (ok && part == 0) p.y[h * dv + j] = o * rsqrtf(so / (float)dv + p.eps) * nw * silu_f(zz);
+}
 
 #define DN_WARPS 8
 
@@ -91,7 +193,28 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     }
 }
 
+static int dnh_tpc(int dk) {
+    return dk == 128 ? 2 : 1;
+}
+
+bool deltanet_head_ok(const struct deltanet_params *p) {
+    return !decode_dn_slices() && (p->dk == 16 || p->dk == 32 || p->dk == 64 || p->dk == 128) &&
+           p->dv > 0 && p->dv * dnh_tpc(p->dk) <= DNH_MAX_THREADS && p->v_heads % p->k_heads == 0;
+}
+
 int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e) {
+    if (p->norm_w) {
+        if (!deltanet_head_ok(p))
+            return wren_errf(e, "deltanet: the fused gated norm needs d_k 16..128 and d_v <= %d",
+                             DNH_MAX_THREADS / dnh_tpc(p->dk));
+        void (*k)(const struct deltanet_params) = p->dk == 16   ? deltanet_head_kernel<16, 1>
+                                                  : p->dk == 32 ? deltanet_head_kernel<32, 1>
+                                                  : p->dk == 64 ? deltanet_head_kernel<64, 1>
+                                                                : deltanet_head_kernel<128, 2>;
+        const int threads = (p->dv * dnh_tpc(p->dk) + 31) / 32 * 32;
+        CUDA_CHECK(pdl_launch(k, dim3(p->v_heads), dim3(threads), 0, s, decode_pdl(), *p));
+        return 0;
+    }
     if (p->dk > 256 || p->dk % DN_WARPS || p->v_heads % p->k_heads)
         return wren_errf(
             e, "deltanet: unsupported head sizes d_k %d, d_v %d (need d_k <= 256, d_k %% 8 == 0)",

@@ -9,12 +9,14 @@ static int g_sm_count = 132;
 static size_t g_smem_optin = 48 * 1024;
 static bool g_f32_gemv;
 static bool g_pdl;
+static bool g_dn_slices;
 
 void decode_configure(const struct decode_config *c) {
     g_sm_count = c->sm_count;
     g_smem_optin = c->smem_optin;
     g_f32_gemv = c->f32_gemv;
     g_pdl = c->pdl;
+    g_dn_slices = c->dn_slices;
     attn_set_device(c->sm_count, c->smem_optin);
     qgemv_set_sm_count(c->sm_count);
 }
@@ -23,6 +25,9 @@ bool decode_pdl(void) {
 }
 bool decode_f32_gemv(void) {
     return g_f32_gemv;
+}
+bool decode_dn_slices(void) {
+    return g_dn_slices;
 }
 
 #define GEMV_THREADS 256

@@ -135,11 +135,16 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     dp.dk = c->dn_k_dim;
     dp.dv = c->dn_v_dim;
     dp.eps = c->rms_eps;
+    dp.norm_w = NULL;
+    // the gated RMSNorm in the step where it runs a block per head, else in out_proj's load
+    if (deltanet_head_ok(&dp)) dp.norm_w = L->dn_norm;
     if (PROF(DP_DN_STEP, deltanet_launch(&dp, cx->stream, e))) return -1;
     gp = gemv_in(ws->y, cfg_dn_v_dim(c), NULL, c->rms_eps);
-    gp.gn_w = L->dn_norm;
-    gp.gn_z = ws->z;
-    gp.gn_dv = c->dn_v_dim;
+    if (!dp.norm_w) {
+        gp.gn_w = L->dn_norm;
+        gp.gn_z = ws->z;
+        gp.gn_dv = c->dn_v_dim;
+    }
     gp.seg[gp.nseg++] = seg_of(&L->dn_out, EPI_ADD, ws->x);
     return PROF(DP_DN_OUT, gemv_launch(&gp, cx->stream, e));
 }
