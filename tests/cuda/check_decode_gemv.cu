@@ -216,6 +216,8 @@ int main(void) {
     t_plain(8, 32, 129, 7, 8192, false);
     for (int b : bitsv) t_conv(b, 333, 512, 4);
     t_conv(4, 64, 256, 2);
+    t_conv(4, 22000, 256, 4); // several row sets per warp
+    t_conv(8, 300, 256, 6);   // a wider conv kernel
     for (int b : bitsv) t_moe_front(b, 256, 8, 512, 2048, false, true);
     t_moe_front(4, 256, 8, 512, 2048, true, true);
     t_moe_front(4, 64, 4, 96, 256, true, false);

@@ -2,8 +2,10 @@
 // on the GPU (no checkpoint has to travel): tokens/s per prompt length, achieved TFLOP/s and the
 // time by kernel kind. Random weights route tokens about uniformly over the experts.
 // usage: [PF_GEMM_PATH=1] [PF_WG_ROWS=128|256] check_prefill_bench CHUNK LEN [LEN...]
-// (one line per length)
+// (one line per length; for lengths up to 512 in one chunk also the time the GPU alone needs, to
+// tell host-bound from GPU-bound calls, and the time by kernel kind)
 #include <algorithm>
+#include <chrono>
 
 #include "check_prefill_util.cuh"
 #include "rand_dev.cuh"
@@ -12,6 +14,18 @@ namespace {
 
 uint32_t g_seed = 1;
 size_t g_bytes = 0;
+
+__global__ void spin_kernel(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+double now_ms() {
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 struct dmat qm(int n, int rows, int cols, int bits) {
     return rand_qmat(n, rows, cols, bits, g_seed++ * 0x9E3779B9u, &g_bytes);
@@ -130,7 +144,30 @@ int main(int argc, char **argv) {
             "prefill chunk=%d len=%7d: %9.1f ms  %9.0f tok/s  %6.1f TFLOP/s (matmul+attention)\n",
             chunk, len, ms, len / ms * 1e3, flop / ms / 1e9);
         fflush(stdout);
-        if (len == 2048 || len == 32768) {
+        if (len <= 512 && len <= chunk) {
+            // the same call queued behind a 50 ms spin kernel: the host has enqueued everything
+            // before the GPU reaches it, so (wall - spin) is the GPU's own time for the call
+            int khz = 0;
+            CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+            const long long cyc = (long long)khz * 50;
+            double spin = 1e30, queued = 1e30, plain = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                double t0 = now_ms();
+                spin_kernel<<<1, 1, 0, cx.stream>>>(cyc);
+                CK(cudaStreamSynchronize(cx.stream));
+                spin = std::min(spin, now_ms() - t0);
+                t0 = now_ms();
+                spin_kernel<<<1, 1, 0, cx.stream>>>(cyc);
+                OK(cuda_prefill(&cx, &st, 0, tok.data(), len, logits.data(), false, ERR));
+                queued = std::min(queued, now_ms() - t0);
+                t0 = now_ms();
+                OK(cuda_prefill(&cx, &st, 0, tok.data(), len, logits.data(), false, ERR));
+                plain = std::min(plain, now_ms() - t0);
+            }
+            printf("  len=%d: one call %.2f ms of wall time, %.2f ms of GPU time when queued\n", len,
+                   plain, queued - spin);
+        }
+        if (len == 2048 || len == 32768 || (len <= 512 && len <= chunk)) {
             double kind[PF_KINDS];
             OK(cuda_prefill_profile(&cx, true, nullptr, ERR));
             float pms = run(len, true);
