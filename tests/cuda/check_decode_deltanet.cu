@@ -109,6 +109,8 @@ int main(void) {
         t_dn(2, 4, 64, 64, 100, fused);
         t_dn(1, 3, 32, 24, 50, fused);
         t_dn(4, 4, 16, 128, 30, fused);
+        t_dn(1, 2, 128, 40, 20, fused); // d_k 128 (thread pairs) with a partly idle last warp
+        t_dn(1, 2, 64, 256, 20, fused); // 256 threads, one per column
     }
     return finish("check_decode_deltanet");
 }

@@ -1,16 +1,21 @@
 // Fused-dequant GEMM (pf_gemm, dense mode) vs a CPU GEMM over the same dequantized weights:
 // 4/8-bit and bf16 weights, every epilogue, odd M/N, the generic fallback (K not a multiple of 64).
-// Every case runs twice: on the portable mma.sync kernel and on the automatic choice, which is the
-// sm_90a wgmma kernel for the 4-bit cases it supports on Hopper (elsewhere mma.sync again).
+// Every case runs on the portable mma.sync kernel, on the automatic choice among the tiled kernels
+// (the sm_90a wgmma kernel for the 4-bit cases it supports on Hopper, elsewhere mma.sync again),
+// wgmma with 256-row items, and the few-rows GEMV kernel (gemm_small.cu, forced for every M; it
+// uses the weights exactly as dequantized, so its reference does not round them to bf16).
 // `--bench`: times the projection shapes of the 35B model at T = 4096 on both kernels.
 #include "check_prefill_util.cuh"
 
 // ref[m][n] = sum_k A[m][k] * bf16(W[n][k]) in double: the kernel rounds dequantized weights to
 // bf16
+static bool g_exact; // the small-M kernel: weights not rounded to bf16
+
 static std::vector<float> ref_gemm(const std::vector<uint16_t> &A, int M, const tmat &W, int e) {
     std::vector<float> wr((size_t)W.rows * W.cols);
     for (int n = 0; n < W.rows; n++)
-        for (int k = 0; k < W.cols; k++) wr[(size_t)n * W.cols + k] = round_bf16(W.at(e, n, k));
+        for (int k = 0; k < W.cols; k++)
+            wr[(size_t)n * W.cols + k] = g_exact ? W.at(e, n, k) : round_bf16(W.at(e, n, k));
     std::vector<float> C((size_t)M * W.rows);
     for (int m = 0; m < M; m++)
         for (int n = 0; n < W.rows; n++) {
@@ -106,10 +111,15 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
 int main(int argc, char **argv) {
     bool bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
-    for (int path : {1, 0, 2}) { // 2: the wgmma kernel with 256-row work items
+    for (int path : {1, 0, 2, 3}) { // 2: wgmma with 256-row work items; 3: the small-M kernel
         pf_gemm_force_path(path == 1 ? 1 : 0);
         pf_gemm_wg_rows(path == 2 ? 256 : 0);
-        g_path = path == 1 ? " [mma]" : path == 0 ? " [wgmma]" : " [wgmma r256]";
+        pf_gemm_small_force(path == 3 ? 2 : 1);
+        g_exact = path == 3;
+        g_path = path == 1   ? " [mma]"
+                 : path == 0 ? " [wgmma]"
+                 : path == 2 ? " [wgmma r256]"
+                             : " [small-M]";
         check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
         check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
         check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
@@ -138,6 +148,8 @@ int main(int argc, char **argv) {
     }
     pf_gemm_force_path(0);
     pf_gemm_wg_rows(0);
+    pf_gemm_small_force(0);
+    g_exact = false;
     if (bench) {
         bench_case("dn_qkv", 4096, 8192, 2048, EPI_F32);
         bench_case("q_proj(+gate)", 4096, 8192, 2048, EPI_F32);

@@ -109,7 +109,7 @@ struct deltanet_params {
 };
 int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e);
 // Whether the step can run a block per value head with its state columns in registers, and so
-// apply the gated RMSNorm itself (d_k 16..128, d_v <= 256).
+// apply the gated RMSNorm itself (d_k 16, 32, 64 or 128; d_v <= 256, <= 128 for d_k 128).
 bool deltanet_head_ok(const struct deltanet_params *p);
 
 // ---- Attention decode ---------------------------------------------------------------------------

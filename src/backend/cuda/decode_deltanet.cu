@@ -1,8 +1,9 @@
 // One Gated DeltaNet step, fused: q/k l2norm, g and beta, the state decay, the delta-rule update
 // and the readout with the state held in registers (read once, written once). The causal conv +
 // silu already ran in the projection's epilogue (EPI_CONV). Two shapes: a block per value head
-// with the gated RMSNorm of the head's output fused (d_k 16..128: this model family; +1.5% decode,
-// bench/RESULTS.md), else blocks of 32 state columns, the norm left to the out_proj GEMV's load.
+// with the gated RMSNorm of the head's output fused (d_k 16/32/64/128; this model family has 128;
+// +1.5% decode, bench/RESULTS.md), else blocks of 32 state columns, the norm left to the out_proj
+// GEMV's load.
 #include "backend/cuda/decode.cuh"
 
 #define DNH_MAX_THREADS 256 // threads of a head block: d_v x (2 for d_k 128, else 1)
@@ -199,14 +200,17 @@ static int dnh_tpc(int dk) {
 
 bool deltanet_head_ok(const struct deltanet_params *p) {
     return !decode_dn_slices() && (p->dk == 16 || p->dk == 32 || p->dk == 64 || p->dk == 128) &&
-           p->dv > 0 && p->dv * dnh_tpc(p->dk) <= DNH_MAX_THREADS && p->v_heads % p->k_heads == 0;
+           p->dv > 0 && p->dv * dnh_tpc(p->dk) <= DNH_MAX_THREADS && p->k_heads > 0 &&
+           p->v_heads > 0 && p->v_heads % p->k_heads == 0;
 }
 
 int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e) {
     if (p->norm_w) {
         if (!deltanet_head_ok(p))
-            return wren_errf(e, "deltanet: the fused gated norm needs d_k 16..128 and d_v <= %d",
-                             DNH_MAX_THREADS / dnh_tpc(p->dk));
+            return wren_errf(e,
+                             "deltanet: the fused gated norm needs d_k 16, 32, 64 or 128 and "
+                             "d_v <= %d (got d_k %d, d_v %d)",
+                             DNH_MAX_THREADS / dnh_tpc(p->dk), p->dk, p->dv);
         void (*k)(const struct deltanet_params) = p->dk == 16   ? deltanet_head_kernel<16, 1>
                                                   : p->dk == 32 ? deltanet_head_kernel<32, 1>
                                                   : p->dk == 64 ? deltanet_head_kernel<64, 1>

@@ -370,8 +370,8 @@ int launch_bm(cudaStream_t s, const gparams &p, dim3 grid, int bm, enum gemm_epi
 int g_force_bm = 0;
 size_t g_smem_optin = 0; // 0: query the current device
 
-// Whether 256-row tiles (128 KB of shared memory) fit the device: not on consumer GPUs (99 KB).
-bool tall_tiles_fit() {
+// The shared memory a block may use (0 when it cannot be queried).
+size_t smem_optin() {
     if (!g_smem_optin) {
         int dev = 0, v = 0;
         if (cudaGetDevice(&dev) == cudaSuccess &&
@@ -380,7 +380,12 @@ bool tall_tiles_fit() {
         else
             cudaGetLastError(); // unknown limit: no tall tiles; the next launch check must pass
     }
-    return (size_t)tile_smem(256) <= g_smem_optin;
+    return g_smem_optin;
+}
+
+// Whether 256-row tiles (128 KB of shared memory) fit the device: not on consumer GPUs (99 KB).
+bool tall_tiles_fit() {
+    return (size_t)tile_smem(256) <= smem_optin();
 }
 
 // Tile height of a dense GEMM: 256 when that still gives two waves of blocks (and fits), else
@@ -428,6 +433,9 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
         (!Wup || Wup->type != W->type || Wup->rows != W->rows || Wup->cols != W->cols ||
          Wup->bits != W->bits || Wup->group != W->group))
         return wren_errf(e, "gemm: SwiGLU needs gate and up matrices of one shape and format");
+    // a few rows: the GEMV-style kernel (gemm_small.cu)
+    if (pf_gemm_small_fits(A, lda, M, W, Wup, epi, grp, smem_optin()))
+        return pf_gemm_small(s, A, lda, M, W, Wup, C, ldc, epi, e);
     // Hopper: the wgmma kernel (gemm_wg.cu) for every 4-bit GEMM it supports, grouped and dense
     // (1.3-2x this kernel's rate, bench/RESULTS.md)
     if (pf_gemm_wg_fits(A, lda, M, W, Wup, ldc, epi, grp))

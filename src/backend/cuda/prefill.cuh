@@ -38,6 +38,14 @@ struct gemm_group {
 int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
             const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
             const struct gemm_group *grp, struct wren_err *e);
+// Dense GEMMs of a few rows (gemm_small.cu): the decode GEMV's int8 machinery over up to 8 rows per
+// block; pf_gemm takes it by itself where it fits (4/8-bit weights, M up to a measured limit).
+bool pf_gemm_small_fits(const bf16 *A, int lda, int M, const struct dmat *W, const struct dmat *Wup,
+                        enum gemm_epi epi, const struct gemm_group *grp, size_t smem_optin);
+int pf_gemm_small(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
+                  const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi, struct wren_err *e);
+// Test and benchmark hook: 0 = automatic, 1 = never the small-M kernel, 2 = whenever it fits.
+void pf_gemm_small_force(int mode);
 // The tile height the grouped GEMM uses for an average of `avg_rows` rows per expert.
 int pf_gemm_group_bm(int avg_rows);
 // The device's shared memory per block, which bounds the mma.sync kernel's tile height (set by the

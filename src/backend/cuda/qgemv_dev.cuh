@@ -1,0 +1,250 @@
+// The int8-activation GEMV pieces (decode_qgemv.cu: batch-1 decode; gemm_small.cu: prefill chunks
+// of a few tokens): the activation row quantized to two int8 planes per block of 32 values in
+// shared memory (the format is described in decode_qgemv.cu), 16-byte weight chunks loaded in warp
+// steps, and the dp4a dot products.
+#pragma once
+#include "backend/cuda/gemv_dev.cuh"
+
+#define QG_THREADS       256
+#define QG_WARPS         (QG_THREADS / 32)
+#define QG_R             2 // rows per warp step (finish() takes two totals)
+#define QG_U             2 // 16-byte chunks per lane per row per step
+#define QG_CHUNKS        (QG_U * 32)
+#define QG_BLOCKS_PER_SM 2 // blocks per SM (register budget: 128 per thread)
+
+static __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+static __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
+    return (uint32_t)(a & 0xff) | (uint32_t)(b & 0xff) << 8 | (uint32_t)(c & 0xff) << 16 |
+           (uint32_t)(d & 0xff) << 24;
+}
+
+// The int8 activation in shared memory, per block of 32 values: for each plane (x1, x2) the lo/hi
+// 16-byte halves in the byte order the format's dp4a pairs with the weight words, and meta =
+// {d, sum, sum of the first 16, sum of the last 16} of the unquantized values. Each array is
+// followed by 4 spare entries so lanes reading lo[b] and hi[b] together (8-bit) hit different
+// banks.
+struct qx_smem {
+    uint4 *lo[2], *hi[2];
+    float4 *meta;
+};
+static __host__ __device__ __forceinline__ size_t qx_bytes(int nb) {
+    return (size_t)(4 * (nb + 4)) * sizeof(uint4) + (size_t)nb * sizeof(float4);
+}
+static __device__ __forceinline__ qx_smem qx_layout(void *smem, int nb) {
+    qx_smem q;
+    uint4 *p = reinterpret_cast<uint4 *>(smem);
+    q.lo[0] = p, q.hi[0] = p + (nb + 4), q.lo[1] = p + 2 * (nb + 4), q.hi[1] = p + 3 * (nb + 4);
+    q.meta = reinterpret_cast<float4 *>(p + 4 * (nb + 4));
+    return q;
+}
+
+struct qx_src {
+    const float *x; // or, for qx_build<BITS, true>, bf16 values (as uint16_t bits)
+    int cols;
+    const float *norm_w; // RMSNorm weight (fused), or
+    const float *gn_w;   // gated RMSNorm per head of gn_dv values: x * r_head * gn_w * silu(gn_z)
+    const float *gn_z;
+    int gn_dv;
+    float eps;
+};
+
+// Units of 8 values: thread t handles units t + QG_THREADS * i (i < QX_IT), so the 4 units of a
+// block of 32 sit on 4 consecutive lanes and the block's max and sums are two shuffles away. x and
+// gn_z are read with __ldcg: they were written by the previous kernels.
+#define QX_IT 4 // cols <= 8 * QG_THREADS * QX_IT
+
+static __device__ __forceinline__ void ld8(float (&v)[8], const float *p, bool cg) {
+    const float4 a = cg ? __ldcg(reinterpret_cast<const float4 *>(p))
+                        : __ldg(reinterpret_cast<const float4 *>(p));
+    const float4 b = cg ? __ldcg(reinterpret_cast<const float4 *>(p) + 1)
+                        : __ldg(reinterpret_cast<const float4 *>(p) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// The norm weights of this thread's units: constant, so loaded before the programmatic-launch wait.
+struct qx_w {
+    float w[QX_IT][8];
+};
+static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_w &nw) {
+    const int nu = in.cols >> 3, t = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < QX_IT; i++) {
+        const int u = t + i * QG_THREADS;
+        if (u < nu && in.norm_w) ld8(nw.w[i], in.norm_w + 8 * u, false);
+        if (u < nu && in.gn_w) ld8(nw.w[i], in.gn_w + (8 * u) % in.gn_dv, false);
+    }
+}
+
+// XB: in.x points to bf16 values (prefill activations), else to floats.
+template <int BITS, bool XB = false>
+static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem &q, float *red) {
+    const int nu = in.cols >> 3, t = threadIdx.x;
+    float v[QX_IT][8];
+    float ss[QX_IT];
+#pragma unroll
+    for (int i = 0; i < QX_IT; i++) {
+        const int u = t + i * QG_THREADS;
+        ss[i] = 0.f;
+        if (u < nu) {
+            if constexpr (XB) {
+                const uint4 b = __ldcg(reinterpret_cast<const uint4 *>(
+                    reinterpret_cast<const uint16_t *>(in.x) + 8 * u));
+                const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    v[i][2 * j] = __uint_as_float(w[j] << 16);
+                    v[i][2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+                }
+            } else {
+                ld8(v[i], in.x + 8 * u, true);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss[i] += v[i][j] * v[i][j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[i][j] = 0.f;
+        }
+    }
+    if (in.norm_w) {
+        float tot = 0.f;
+#pragma unroll
+        for (int i = 0; i < QX_IT; i++) tot += ss[i];
+        const float scale = rsqrtf(block_sum(tot, red) / (float)in.cols + in.eps);
+#pragma unroll
+        for (int i = 0; i < QX_IT; i++) {
+            const int u = t + i * QG_THREADS;
+            if (u >= nu) continue;
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[i][j] *= scale * nw.w[i][j];
+        }
+    } else if (in.gn_w) {
+        // a head is gn_dv / 8 consecutive lanes (a power of two <= 32, checked by the launcher)
+#pragma unroll
+        for (int i = 0; i < QX_IT; i++) {
+            float hs = ss[i];
+            for (int o = 1; o < in.gn_dv >> 3; o <<= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
+            const int u = t + i * QG_THREADS;
+            if (u >= nu) continue;
+            const float r = rsqrtf(hs / (float)in.gn_dv + in.eps);
+            float z[8];
+            ld8(z, in.gn_z + 8 * u, true);
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[i][j] *= r * nw.w[i][j] * silu_f(z[j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < QX_IT; i++) {
+        const int u = t + i * QG_THREADS; // nu is a multiple of 4: a quad is all in or all out
+        float amax = 0.f, sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[i][j])), sum += v[i][j];
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float half = sum + __shfl_xor_sync(0xffffffffu, sum, 1); // values 0-15 or 16-31
+        const float other = __shfl_xor_sync(0xffffffffu, half, 2);
+        if (u >= nu) continue;
+        const float inv = amax > 0.f ? 127.f / amax : 0.f, d = amax / 127.f;
+        int x[2][8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            x[0][j] = __float2int_rn(v[i][j] * inv);
+            // |x2| <= 127 up to rounding; clamped so an int8 can never wrap
+            const int x2 = __float2int_rn(fmaf(-d, (float)x[0][j], v[i][j]) * (254.f * inv));
+            x[1][j] = max(-127, min(127, x2));
+        }
+        const int blk = u >> 2, k = u & 3;
+#pragma unroll
+        for (int pl = 0; pl < 2; pl++) {
+            const int *y = x[pl];
+            if constexpr (BITS == 4) {
+                // weight word k holds values 8k..8k+7, even ones in the low nibbles of its bytes:
+                // lo pairs with the low nibbles, hi with the high ones
+                reinterpret_cast<uint32_t *>(q.lo[pl] + blk)[k] = pack4(y[0], y[2], y[4], y[6]);
+                reinterpret_cast<uint32_t *>(q.hi[pl] + blk)[k] = pack4(y[1], y[3], y[5], y[7]);
+            } else {
+                // lo holds values 0-15 (units 0, 1), hi values 16-31 (units 2, 3), in order
+                uint32_t *h = reinterpret_cast<uint32_t *>((k < 2 ? q.lo[pl] : q.hi[pl]) + blk);
+                h[(k & 1) * 2] = pack4(y[0], y[1], y[2], y[3]);
+                h[(k & 1) * 2 + 1] = pack4(y[4], y[5], y[6], y[7]);
+            }
+        }
+        if (k == 0) q.meta[blk] = make_float4(d, half + other, half, other);
+    }
+    __syncthreads();
+}
+
+// The weights of one warp step: QG_U chunks of QG_R rows per lane with their scales and biases.
+struct qstage {
+    uint4 w[QG_R][QG_U];
+    uint16_t s[QG_R][QG_U], b[QG_R][QG_U];
+};
+
+static __device__ __forceinline__ void qload(qstage &S, int i, int u, const uint8_t *w,
+                                             const uint8_t *sc, const uint8_t *bi, bool ok) {
+    if (ok) {
+        S.w[i][u] = __ldg(reinterpret_cast<const uint4 *>(w));
+        S.s[i][u] = __ldg(reinterpret_cast<const uint16_t *>(sc));
+        S.b[i][u] = __ldg(reinterpret_cast<const uint16_t *>(bi));
+    } else {
+        S.w[i][u] = make_uint4(0, 0, 0, 0);
+        S.s[i][u] = S.b[i][u] = 0;
+    }
+}
+
+// acc[i] += the step's part of row i's dot product. Chunk c = it * QG_CHUNKS + 32 u + lane.
+template <int BITS>
+static __device__ __forceinline__ void qdot(const qstage &S, const qx_smem &q, int it, int C,
+                                            float (&acc)[QG_R]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < QG_U; u++) {
+        const int c = it * QG_CHUNKS + u * 32 + lane;
+        if (c >= C) continue;
+        uint4 xa[2], xb[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        float d, xs;
+        if constexpr (BITS == 4) {
+#pragma unroll
+            for (int pl = 0; pl < 2; pl++) xa[pl] = q.lo[pl][c], xb[pl] = q.hi[pl][c];
+            float4 m = q.meta[c];
+            d = m.x, xs = m.y;
+        } else {
+#pragma unroll
+            for (int pl = 0; pl < 2; pl++) xa[pl] = (c & 1) ? q.hi[pl][c >> 1] : q.lo[pl][c >> 1];
+            float4 m = q.meta[c >> 1];
+            d = m.x, xs = (c & 1) ? m.w : m.z;
+        }
+#pragma unroll
+        for (int i = 0; i < QG_R; i++) {
+            const uint32_t *w = &S.w[i][u].x;
+            int is[2] = {0, 0};
+#pragma unroll
+            for (int pl = 0; pl < 2; pl++) {
+                const uint32_t *xl = &xa[pl].x, *xh = &xb[pl].x;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if constexpr (BITS == 4) {
+                        is[pl] = __dp4a((int)(w[k] & 0x0F0F0F0Fu), (int)xl[k], is[pl]);
+                        is[pl] = __dp4a((int)((w[k] >> 4) & 0x0F0F0F0Fu), (int)xh[k], is[pl]);
+                    } else {
+                        is[pl] = dp4a_us(w[k], xl[k], is[pl]);
+                    }
+                }
+            }
+            const float dot = d * fmaf((float)is[1], 1.f / 254.f, (float)is[0]);
+            acc[i] = fmaf(bf16_bits_to_f32(S.s[i][u]), dot,
+                          fmaf(bf16_bits_to_f32(S.b[i][u]), xs, acc[i]));
+        }
+    }
+}
+
+static __device__ __forceinline__ void warp_sum_rows(float (&acc)[QG_R]) {
+#pragma unroll
+    for (int i = 0; i < QG_R; i++)
+#pragma unroll
+        for (int o = 16; o; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+}
