@@ -40,7 +40,9 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
     const int t0 = blockIdx.y * SG_T, nt = min(SG_T, p.M - t0), nb = p.W.cols >> 5;
     const size_t qb = qx_bytes(nb);
     const bool pair = p.epi == EPI_SWIGLU_BF16;
-    // a row set: two rows of W, or (SwiGLU) row r of W and row r of U
+    // a row set: two rows of W, or (SwiGLU) row r of W and row r of U. The same loads as
+    // qgemv_kernel's; one helper for both measured 0.5% slower decode (543.3 vs 545.7 tok/s at
+    // 4K, one call, bench/RESULTS.md), so the decode kernel keeps its own copy.
     auto load = [&](qstage &S, int rs, int it) {
         const int r0 = pair ? rs : 2 * rs;
 #pragma unroll
