@@ -13,7 +13,7 @@ static size_t g_att_smem = 48 * 1024; // opt-in shared memory per block
 
 int attn_splits(int n_kv) {
     // several blocks per SM at long contexts: each block streams its slice with few loads in flight
-    // (at most 1024: the combine keeps one weight per split in shared memory)
+    // (at most 1024)
     int s = 4 * g_att_sms / (n_kv > 0 ? n_kv : 1);
     return s < 1 ? 1 : s > 1024 ? 1024 : s;
 }
@@ -431,56 +431,62 @@ __global__ void __launch_bounds__(AM_NW * 32)
     }
 }
 
-// One block per query head, one thread per dim: merges the splits and applies the output gate.
-// Only the splits the current length reaches are read; their weights exp(m_s - M) are computed
-// once into shared memory, so the per-dim sums are independent loads rather than a dependent
-// chain per split.
-__global__ void attn_combine_kernel(const __grid_constant__ struct attn_params p) {
-    __shared__ float wsh[1024], lsh[1024], red[32];
+// Merges the splits and applies the output gate. Block = (query head, 32 dims); warp w folds the
+// splits w, w + 8, ... that the current length reaches into a running (max, numerator,
+// denominator), with the loads of 8 splits in flight at once, then warp 0 merges the warps'
+// states. (One block per head, a thread per dim, waited for ~17 dependent rounds of loads at 66
+// splits: 6 us of a 4K step's 20 us per attention layer; this: +1.4% decode at 4K, +2% at 32K.)
+#define AC_WARPS 8
+#define AC_U     8
+__global__ void __launch_bounds__(AC_WARPS * 32)
+    attn_combine_kernel(const __grid_constant__ struct attn_params p) {
+    __shared__ float sm[3][AC_WARPS][32];
     pdl_trigger();
     pdl_wait();
-    const int h = blockIdx.x, tid = threadIdx.x, hd = p.hd, lane = tid & 31, warp = tid >> 5;
-    const int nw = blockDim.x >> 5;
+    const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = p.hd;
+    const int d = blockIdx.y * 32 + lane;
     const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);
     const int nact = min(p.splits, (L + chunk - 1) / chunk);
     const size_t stride = (size_t)p.n_heads * (hd + 2);
     const float *ph = p.part + (size_t)h * (hd + 2);
-    float mx = -INFINITY;
-    for (int s = tid; s < nact; s += blockDim.x) {
-        const float m = ph[s * stride + hd], l = ph[s * stride + hd + 1];
-        wsh[s] = l > 0.f ? m : -INFINITY;
-        lsh[s] = l;
-        mx = fmaxf(mx, wsh[s]);
+    const float gl = p.gate && warp == 0 ? __ldcg(p.qg + (size_t)h * hd * 2 + hd + d) : 0.f;
+    float M = -INFINITY, num = 0.f, den = 0.f;
+    for (int s0 = warp; s0 < nact; s0 += AC_WARPS * AC_U) {
+        float mv[AC_U], lv[AC_U], ov[AC_U];
+#pragma unroll
+        for (int u = 0; u < AC_U; u++) {
+            const int s = s0 + AC_WARPS * u;
+            const bool ok = s < nact;
+            const float *ps = ph + (size_t)(ok ? s : 0) * stride;
+            mv[u] = ok ? __ldcg(ps + hd) : 0.f;
+            lv[u] = ok ? __ldcg(ps + hd + 1) : 0.f;
+            ov[u] = ok ? __ldcg(ps + d) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < AC_U; u++) {
+            if (!(lv[u] > 0.f)) continue; // empty split
+            const float nm = fmaxf(M, mv[u]), a = __expf(M - nm), b = __expf(mv[u] - nm);
+            num = num * a + b * ov[u];
+            den = den * a + b * lv[u];
+            M = nm;
+        }
     }
+    sm[0][warp][lane] = M, sm[1][warp][lane] = num, sm[2][warp][lane] = den;
+    __syncthreads();
+    if (warp) return;
+    M = -INFINITY, num = den = 0.f;
 #pragma unroll
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < nw; w++) M = fmaxf(M, red[w]);
-    __syncthreads();
-    float den = 0.f;
-    for (int s = tid; s < nact; s += blockDim.x) {
-        const float w = lsh[s] > 0.f ? __expf(wsh[s] - M) : 0.f;
-        wsh[s] = w;
-        den += w * lsh[s];
+    for (int w = 0; w < AC_WARPS; w++) {
+        const float dw = sm[2][w][lane];
+        if (!(dw > 0.f)) continue;
+        const float mw = sm[0][w][lane], nm = fmaxf(M, mw), a = __expf(M - nm), b = __expf(mw - nm);
+        num = num * a + b * sm[1][w][lane];
+        den = den * a + b * dw;
+        M = nm;
     }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) red[warp] = den;
-    __syncthreads();
-    den = 0.f;
-    for (int w = 0; w < nw; w++) den += red[w];
-    if (tid >= hd) return;
-    float num[4] = {0.f, 0.f, 0.f, 0.f};
-    int s = 0;
-    for (; s + 4 <= nact; s += 4)
-#pragma unroll
-        for (int j = 0; j < 4; j++) num[j] += wsh[s + j] * ph[(s + j) * stride + tid];
-    for (; s < nact; s++) num[0] += wsh[s] * ph[s * stride + tid];
-    float o = (num[0] + num[1] + num[2] + num[3]) / den;
-    if (p.gate) o *= sigmoid_f(p.qg[(size_t)h * hd * 2 + hd + tid]);
-    p.out[(size_t)h * hd + tid] = o;
+    float o = num / den;
+    if (p.gate) o *= sigmoid_f(gl);
+    p.out[(size_t)h * hd + d] = o;
 }
 
 template <int HD>
@@ -548,7 +554,8 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
         }
     }
     if (rc) return rc;
-    CUDA_CHECK(pdl_launch(attn_combine_kernel, dim3(p->n_heads), dim3(thr), 0, s, decode_pdl(), q));
+    CUDA_CHECK(pdl_launch(attn_combine_kernel, dim3(p->n_heads, p->hd / 32), dim3(AC_WARPS * 32), 0,
+                          s, decode_pdl(), q));
     return 0;
 }
 
