@@ -23,6 +23,14 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
     pdl_trigger();
+    // the rotation's frequency (f64 pow, as the reference computes it) is constant: computed while
+    // the projection is still finishing (+0.4% decode at 4K, +0.7% at 128K)
+    const int half = p.rope_dim / 2;
+    float inv = 0.f;
+    if ((int)threadIdx.x < p.rope_dim) {
+        const int i = (int)threadIdx.x < half ? threadIdx.x : threadIdx.x - half;
+        inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
+    }
     pdl_wait();
     const int hd = p.hd, d = threadIdx.x, pos = *p.pos;
     const bool isq = (int)blockIdx.x < p.n_heads;
@@ -41,11 +49,8 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     __syncthreads();
     if (d >= hd) return;
     float y = xs[d];
-    const int half = p.rope_dim / 2;
     if (d < p.rope_dim) {
-        const int i = d < half ? d : d - half;
-        // inv_freq and the angle in f32 as the reference computes them; sin/cos in f64
-        const float inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
+        // the angle in f32 as the reference computes it; sin/cos in f64
         const float ang = (float)pos * inv;
         double sn, cs;
         sincos((double)ang, &sn, &cs);
