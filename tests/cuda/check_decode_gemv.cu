@@ -45,6 +45,47 @@ static void t_plain(int bits, int group, int rows1, int rows2, int cols, bool no
     check_close_b(name, host_copy(o2, rows2).data(), w2.data(), b2, 2e-3f, 2e-3f);
 }
 
+// One large matrix alone: the streaming kernel on sm_90+ (decode_stream.cu), against the host and
+// bitwise against the register-pipelined kernel.
+static void t_stream(int bits, int group, int rows, int cols) {
+    struct tmat A = make_mat(1, rows, cols, bits, group);
+    std::vector<float> x = rnd_vec(cols, -2, 2), nw = rnd_vec(cols, 0.5f, 1.5f), xn;
+    float *dx = dev_copy(x), *dnw = dev_copy(nw), *o1 = dev_poison(rows), *o2 = dev_poison(rows);
+    struct gemv_params p;
+    memset(&p, 0, sizeof p);
+    p.x = dx, p.cols = cols, p.norm_w = dnw, p.eps = 1e-6f;
+    p.seg[0].a = A.d, p.seg[0].rows = rows, p.seg[0].epi = EPI_STORE, p.seg[0].out = o1;
+    p.nseg = 1;
+    const bool streamed = qstream_eligible(&p);
+    WK(gemv_launch(&p, 0, &err_));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    qstream_configure(prop.major, prop.multiProcessorCount, prop.sharedMemPerBlockOptin, true);
+    p.seg[0].out = o2;
+    WK(gemv_launch(&p, 0, &err_));
+    qstream_configure(prop.major, prop.multiProcessorCount, prop.sharedMemPerBlockOptin, false);
+    host_norm(xn, x, nw, 1e-6f);
+    std::vector<float> w(rows), qe = qx_err(xn.data(), cols);
+    std::vector<double> b(rows);
+    for (int r = 0; r < rows; r++)
+        w[r] = ref_dot(A, 0, r, xn.data()), b[r] = qx_bound(A, 0, r, qe.data());
+    std::vector<float> g1 = host_copy(o1, rows), g2 = host_copy(o2, rows);
+    char name[128];
+    snprintf(name, sizeof name, "gemv b%d g%d %dx%d norm, one matrix (%s)", bits, group, rows, cols,
+             streamed ? "streamed" : "not streamed");
+    check_close_b(name, g1.data(), w.data(), b, 2e-3f, 2e-3f);
+    size_t diff = 0;
+    for (int r = 0; r < rows; r++) diff += memcmp(&g1[r], &g2[r], 4) != 0;
+    snprintf(name, sizeof name,
+             "gemv b%d g%d %dx%d: same bits as the pipelined kernel (%zu differ)", bits, group,
+             rows, cols, diff);
+    check_true(name, diff == 0);
+    CK(cudaFree(dx));
+    CK(cudaFree(dnw));
+    CK(cudaFree(o1));
+    CK(cudaFree(o2));
+}
+
 static void t_conv(int bits, int rows, int cols, int K) {
     struct tmat A = make_mat(1, rows, cols, bits, 64);
     std::vector<float> cw = rnd_vec((size_t)rows * K, -0.5f, 0.5f),
@@ -214,6 +255,10 @@ int main(void) {
     t_plain(4, 64, 2051, 17, 4096, true);
     t_plain(4, 64, 248320 / 64, 5, 2048, true); // lm_head-like row count
     t_plain(8, 32, 129, 7, 8192, false);
+    t_stream(4, 64, 248320, 2048); // the lm_head
+    t_stream(4, 32, 40013, 1024);  // a last stage of 1 row
+    t_stream(8, 64, 33001, 2048);
+    t_stream(4, 128, 36000, 4096);
     for (int b : bitsv) t_conv(b, 333, 512, 4);
     t_conv(4, 64, 256, 2);
     t_conv(4, 22000, 256, 4); // several row sets per warp

@@ -233,6 +233,8 @@ static void init_device(void) {
     const char *f = getenv("WREN_CUDA_DECODE"); // as the backend: "f32gemv" checks the f32 kernels
     dc.f32_gemv = f && strstr(f, "f32gemv");
     dc.dn_slices = false;
+    dc.cc_major = p.major;
+    dc.no_stream = f && strstr(f, "nostream");
     decode_configure(&dc);
 }
 

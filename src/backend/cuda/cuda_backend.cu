@@ -752,7 +752,8 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         free(cb);
         return NULL;
     }
-    // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl", "f32gemv", "dnslices"
+    // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl", "f32gemv", "dnslices",
+    // "nostream"
     const char *dflags = getenv("WREN_CUDA_DECODE");
     struct decode_config dc;
     dc.sm_count = prop.multiProcessorCount;
@@ -760,6 +761,8 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     dc.pdl = prop.major >= 9 && !(dflags && strstr(dflags, "nopdl"));
     dc.f32_gemv = dflags && strstr(dflags, "f32gemv");
     dc.dn_slices = dflags && strstr(dflags, "dnslices");
+    dc.cc_major = prop.major;
+    dc.no_stream = dflags && strstr(dflags, "nostream");
     decode_configure(&dc);
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;

@@ -61,6 +61,10 @@ struct gemv_params {
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
 bool qgemv_eligible(const struct gemv_params *p);
 int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
+// One large matrix (the lm_head) streamed by bulk copies through shared memory (decode_stream.cu).
+void qstream_configure(int cc_major, int sm_count, size_t smem_optin, bool off);
+bool qstream_eligible(const struct gemv_params *p);
+int qstream_launch(const struct gemv_params *p, cudaStream_t s, struct wren_err *e);
 
 // Decode kernel selection, set once by the backend from the device (and for benchmarks).
 struct decode_config {
@@ -69,6 +73,8 @@ struct decode_config {
     bool pdl;       // programmatic dependent launch between the step's kernels (sm_90+)
     bool f32_gemv;  // force the f32-activation GEMV/MoE-down kernels (comparison runs)
     bool dn_slices; // the DeltaNet step in column slices, the norm in out_proj (comparison runs)
+    int cc_major;   // compute capability (the streaming GEMV needs 9+)
+    bool no_stream; // the lm_head on the register-pipelined GEMV (comparison runs)
 };
 void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);

@@ -19,6 +19,7 @@ void decode_configure(const struct decode_config *c) {
     g_dn_slices = c->dn_slices;
     attn_set_device(c->sm_count, c->smem_optin);
     qgemv_set_sm_count(c->sm_count);
+    qstream_configure(c->cc_major, c->sm_count, c->smem_optin, c->no_stream);
 }
 bool decode_pdl(void) {
     return g_pdl;
@@ -150,6 +151,7 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
             (g->b.type != g->a.type || g->b.bits != g->a.bits || g->b.group != g->a.group))
             return wren_errf(e, "gemv: gate and up projections must share one format");
     }
+    if (!g_f32_gemv && qstream_eligible(p)) return qstream_launch(p, s, e);
     if (!g_f32_gemv && qgemv_eligible(p)) return qgemv_launch(p, s, e);
     int cmax = 0;
     long groups_total = 0;
