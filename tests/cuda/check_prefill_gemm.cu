@@ -3,7 +3,8 @@
 // Every case runs on the portable mma.sync kernel, on the automatic choice among the tiled kernels
 // (the sm_90a wgmma kernel for the 4-bit cases it supports on Hopper, elsewhere mma.sync again),
 // wgmma with 256-row items, and the few-rows GEMV kernel (gemm_small.cu, forced for every M; it
-// uses the weights exactly as dequantized, so its reference does not round them to bf16).
+// uses the weights exactly as dequantized, so its reference does not round them to bf16), and
+// split along K (gemm_split.cu) in 3 parts on both tiled kernels and in up to 16 on wgmma.
 // `--bench`: times the projection shapes of the 35B model at T = 4096 on both kernels.
 #include "check_prefill_util.cuh"
 
@@ -85,7 +86,7 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
     const int reps = 20;
     for (int bm : {0, 128, 256, -1, -2}) { // -1: the wgmma kernel, -2: with 256-row items
         pf_gemm_force_path(bm < 0 ? 0 : 1);
-        pf_gemm_wg_rows(bm == -2 ? 256 : 0);
+        pf_gemm_wg_shape(bm == -2 ? 2 : 0);
         pf_gemm_force_bm(bm < 0 ? 0 : bm);
         OK(pf_gemm(0, (const bf16 *)dA, K, M, &W.d, &U.d, dC, N, epi, nullptr, ERR));
         tm.start(0);
@@ -103,7 +104,7 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
     }
     pf_gemm_force_bm(0);
     pf_gemm_force_path(0);
-    pf_gemm_wg_rows(0);
+    pf_gemm_wg_shape(0);
     CK(cudaFree(dA));
     CK(cudaFree(dC));
 }
@@ -111,15 +112,27 @@ static void bench_case(const char *name, int M, int N, int K, enum gemm_epi epi)
 int main(int argc, char **argv) {
     bool bench = argc > 1 && !strcmp(argv[argc - 1], "--bench");
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
-    for (int path : {1, 0, 2, 3}) { // 2: wgmma with 256-row work items; 3: the small-M kernel
-        pf_gemm_force_path(path == 1 ? 1 : 0);
-        pf_gemm_wg_rows(path == 2 ? 256 : 0);
+    float *split_ws = nullptr;
+    const size_t split_bytes = (size_t)64 << 20;
+    CK(cudaMalloc(&split_ws, split_bytes));
+    pf_gemm_set_split_ws(split_ws, split_bytes);
+    // 0: automatic (wgmma where it fits, split along K where few CTAs); 1: mma.sync; 2: wgmma with
+    // 256-row work items; 3: the small-M kernel; 4 / 5: mma.sync / wgmma split in 3 parts;
+    // 6: wgmma split in 16 parts (or one per k-tile); 7: wgmma items of 256 rows x 32 tokens
+    for (int path : {1, 0, 2, 3, 4, 5, 6, 7}) {
+        pf_gemm_force_path(path == 1 || path == 4 ? 1 : 0);
+        pf_gemm_wg_shape(path == 2 ? 2 : path == 7 ? 3 : 0);
         pf_gemm_small_force(path == 3 ? 2 : 1);
+        pf_gemm_split_force(path == 0 ? 0 : path == 4 || path == 5 ? 3 : path == 6 ? 16 : 1);
         g_exact = path == 3;
         g_path = path == 1   ? " [mma]"
-                 : path == 0 ? " [wgmma]"
+                 : path == 0 ? " [auto]"
                  : path == 2 ? " [wgmma r256]"
-                             : " [small-M]";
+                 : path == 3 ? " [small-M]"
+                 : path == 4 ? " [mma split 3]"
+                 : path == 5 ? " [wgmma split 3]"
+                 : path == 6 ? " [wgmma split 16]"
+                             : " [wgmma s3]";
         check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
         check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
         check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
@@ -147,8 +160,9 @@ int main(int argc, char **argv) {
         check_case("q4 g64 f32 K=576 (odd k-tiles)", WT_Q4, 64, 33, 192, 576, EPI_F32);
     }
     pf_gemm_force_path(0);
-    pf_gemm_wg_rows(0);
+    pf_gemm_wg_shape(0);
     pf_gemm_small_force(0);
+    pf_gemm_split_force(0);
     g_exact = false;
     if (bench) {
         bench_case("dn_qkv", 4096, 8192, 2048, EPI_F32);
@@ -159,6 +173,8 @@ int main(int argc, char **argv) {
         bench_case("shared down add", 4096, 2048, 512, EPI_ADD_F32);
         bench_case("lm_head rows=256", 256, 248320, 2048, EPI_F32);
     }
+    pf_gemm_set_split_ws(nullptr, 0);
+    CK(cudaFree(split_ws));
     printf(g_fail ? "check_prefill_gemm: FAIL\n" : "check_prefill_gemm: all ok\n");
     return g_fail;
 }

@@ -1,6 +1,7 @@
 // cuda_prefill() end to end on a tiny random hybrid model (3 DeltaNet + 1 attention layer, MoE
 // with a gated shared expert) vs a plain f32 CPU forward pass of MODEL.md: all positions'
-// logits (rel L2, top-1 agreement), one chunk vs several chunks, and the last-logits contract.
+// logits (rel L2, top-1 agreement), one chunk vs several chunks (dense GEMMs split along K where
+// they have few tiles, as in production), and the last-logits contract.
 #include <algorithm>
 
 #include "check_prefill_util.cuh"
@@ -465,12 +466,22 @@ void run_model(int kind) {
         snprintf(what, sizeof what, "%s model, DeltaNet %s: chunks of 64 vs one chunk", name,
                  fname[f]);
         consistent(what, ch, one, forms[f] != PF_DN_BY_LENGTH);
-        std::vector<float> t1 =
-            gpu_forward(g, m, std::vector<int>(tok.begin(), tok.begin() + 40), 1, nullptr);
-        snprintf(what, sizeof what, "%s model, DeltaNet %s: 40 chunks of 1 vs one chunk (first 40)",
+        // One-row chunks take the few-rows GEMM kernel, which uses the weights as dequantized
+        // (the tiled kernels round them to bf16): the same arithmetic only without it.
+        const std::vector<int> tok40(tok.begin(), tok.begin() + 40);
+        const std::vector<float> one40(one.begin(), one.begin() + (size_t)40 * V);
+        pf_gemm_small_force(1);
+        std::vector<float> t1 = gpu_forward(g, m, tok40, 1, nullptr);
+        pf_gemm_small_force(0);
+        snprintf(what, sizeof what,
+                 "%s model, DeltaNet %s: 40 chunks of 1 vs one chunk (first 40), tiled GEMMs", name,
+                 fname[f]);
+        consistent(what, t1, one40, forms[f] == PF_DN_SCAN_ONLY);
+        t1 = gpu_forward(g, m, tok40, 1, nullptr);
+        snprintf(what, sizeof what,
+                 "%s model, DeltaNet %s: 40 chunks of 1 vs one chunk (first 40), few-rows GEMMs",
                  name, fname[f]);
-        consistent(what, t1, std::vector<float>(one.begin(), one.begin() + (size_t)40 * V),
-                   forms[f] == PF_DN_SCAN_ONLY);
+        consistent(what, t1, one40, false);
     }
     cuda_prefill_dn_form(PF_DN_BY_LENGTH);
     cuda_prefill_free(&g.cx);

@@ -119,14 +119,14 @@ static void check(int T, int E, int k, int H, int I, int bm) {
     report(what, id_mismatch ? INFINITY : rel_l2(got.data(), ref.data(), got.size()), 2e-3);
 }
 
-static void bench(int T, int bm, int wg) { // wg: 0 mma, 1 wgmma, 2 wgmma with 256-row items
+static void bench(int T, int bm, int wg) { // wg: 0 mma, else the wgmma kernel's item shape
     const int E = 256, k = 8, H = 2048, I = 512;
     static tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
                 D = make_tmat(WT_Q4, E, H, I, 64);
     std::vector<float> logits((size_t)T * E);
     for (auto &v : logits) v = rnd_n();
     pf_gemm_force_path(wg ? 0 : 1);
-    pf_gemm_wg_rows(wg == 2 ? 256 : 128);
+    pf_gemm_wg_shape(wg);
     moe_dev m = alloc_moe(T, E, k, H, I, bm);
     m.logits = dev_upload(logits);
     m.x = dev_poison<float>((size_t)T * H);
@@ -152,7 +152,7 @@ static void bench(int T, int bm, int wg) { // wg: 0 mma, 1 wgmma, 2 wgmma with 2
     t_route /= reps, t_gu /= reps, t_down /= reps;
     double f_gu = 2.0 * T * k * 2 * I * H, f_down = 2.0 * T * k * H * I;
     pf_gemm_force_path(0);
-    pf_gemm_wg_rows(0);
+    pf_gemm_wg_shape(0);
     for (void *q : {(void *)m.rb.topk_id, (void *)m.rb.topk_w, (void *)m.rb.counts,
                     (void *)m.rb.offsets, (void *)m.rb.cursor, (void *)m.rb.sorted_tok,
                     (void *)m.rb.slot, (void *)m.rb.tiles, (void *)m.rb.n_tiles, (void *)m.y,
@@ -163,6 +163,7 @@ static void bench(int T, int bm, int wg) { // wg: 0 mma, 1 wgmma, 2 wgmma with 2
         "(%.0f TFLOP/s), experts %.0f TFLOP/s\n",
         wg == 1   ? "wgmma"
         : wg == 2 ? "wgmma r256"
+        : wg == 3 ? "wgmma s3"
                   : "mma",
         T, bm, t_route, t_gu, f_gu / t_gu / 1e9, t_down, f_down / t_down / 1e9,
         (f_gu + f_down) / (t_gu + t_down) / 1e9);
@@ -170,11 +171,16 @@ static void bench(int T, int bm, int wg) { // wg: 0 mma, 1 wgmma, 2 wgmma with 2
 
 int main(int argc, char **argv) {
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
-    // automatic (wgmma: 256-row items for tiles <= 128, else 128-row items), then each item shape
-    for (int path : {1, 0, 128, 256}) {
-        pf_gemm_force_path(path == 1 ? 1 : 0);
-        pf_gemm_wg_rows(path);
-        g_path = path == 1 ? " [mma]" : path == 0 ? " [auto]" : path == 128 ? " [r128]" : " [r256]";
+    // mma.sync, automatic (wgmma: the item shape by the tile map), then each wgmma item shape
+    for (int path : {-1, 0, 1, 2, 3}) {
+        pf_gemm_force_path(path == -1 ? 1 : 0);
+        pf_gemm_wg_shape(path < 0 ? 0 : path);
+        g_path = path == -1  ? " [mma]"
+                 : path == 0 ? " [auto]"
+                 : path == 1 ? " [r128]"
+                 : path == 2 ? " [r256]"
+                             : " [r256 t32]";
+        check(200, 16, 4, 256, 128, 32); // tiles of <= 32 rows: wgmma item shape 3
         check(200, 16, 4, 256, 128, 64);
         check(200, 16, 4, 256, 128, 128);
         check(300, 8, 4, 256, 128, 256); // the hot expert: 256 + 44 rows
@@ -183,12 +189,16 @@ int main(int argc, char **argv) {
         check(96, 16, 8, 2048, 512, 256); // the 35B expert shapes (K = 2048 and 512)
     }
     pf_gemm_force_path(0);
-    pf_gemm_wg_rows(0);
+    pf_gemm_wg_shape(0);
     if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
-        for (int T : {512, 1024, 2048, 4096, 8192, 16384, 32768}) {
+        // PF_BENCH_TMAX: skip longer prompts (quick comparisons)
+        const int tmax = getenv("PF_BENCH_TMAX") ? atoi(getenv("PF_BENCH_TMAX")) : 1 << 30;
+        for (int T : {256, 512, 1024, 2048, 4096, 8192, 16384, 32768}) {
+            if (T > tmax) break;
             for (int bm : {64, 128, 256})
                 if (T * 8 / 256 >= bm / 4 && T * 8 / 256 <= bm * 8) bench(T, bm, 0);
             if (pf_gemm_wg_available()) bench(T, 256, 1), bench(T, 128, 2);
+            if (pf_gemm_wg_available() && T <= 2048) bench(T, 32, 3);
         }
     }
     printf(g_fail ? "check_prefill_moe: FAIL\n" : "check_prefill_moe: all ok\n");

@@ -19,6 +19,8 @@ struct gparams : gemm_in {
     void *C;
     int ldc;
     const int *tiles, *n_tiles;
+    int splits; // K parts (dense mode only, gemm_split.cu; blockIdx.z): > 1 writes raw sums to part
+    float *part;
 };
 
 // Element offset of 16-byte chunk c of row r in a [rows][64] bf16 tile, XOR-swizzled so that
@@ -170,7 +172,9 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
-    const int KT = p.K / BK;
+    // this CTA's part of the k-tiles (all of them unless the GEMM is split along K)
+    const int KT = (blockIdx.z + 1) * (p.K / BK) / p.splits,
+              kt0 = blockIdx.z * (p.K / BK) / p.splits;
     auto load_a = [&](int kt) {
         if (kt < KT) {
             bf16 *dst = As + (kt % ASTAGES) * BM * BK;
@@ -184,23 +188,23 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
     };
 
 #pragma unroll
-    for (int s = 0; s < ASTAGES - 1; s++) load_a(s);
+    for (int s = 0; s < ASTAGES - 1; s++) load_a(kt0 + s);
     bfrag f;
-    load_b<BITS>(f, wrow, srow, brow, group, half * 32, b_ok);
+    load_b<BITS>(f, wrow, srow, brow, group, kt0 * BK + half * 32, b_ok);
     store_b<BITS>(f, Bs, v, half * 4);
-    if (KT > 1) load_b<BITS>(f, wrow, srow, brow, group, BK + half * 32, b_ok);
+    if (kt0 + 1 < KT) load_b<BITS>(f, wrow, srow, brow, group, (kt0 + 1) * BK + half * 32, b_ok);
 
-    for (int kt = 0; kt < KT; kt++) {
+    for (int kt = kt0; kt < KT; kt++) {
         cp_async_wait<ASTAGES - 2>();
         __syncthreads();
         load_a(kt + ASTAGES - 1);
         if (kt + 1 < KT) {
-            store_b<BITS>(f, Bs + ((kt + 1) & 1) * BN * BK, v, half * 4);
+            store_b<BITS>(f, Bs + ((kt + 1 - kt0) & 1) * BN * BK, v, half * 4);
             if (kt + 2 < KT)
                 load_b<BITS>(f, wrow, srow, brow, group, (kt + 2) * BK + half * 32, b_ok);
         }
         const bf16 *a_t = As + (kt % ASTAGES) * BM * BK;
-        const bf16 *b_t = Bs + (kt & 1) * BN * BK;
+        const bf16 *b_t = Bs + ((kt - kt0) & 1) * BN * BK;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ks++) {
             uint32_t a[MT][4], b[NT][2];
@@ -226,6 +230,30 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
         }
     }
 
+    if (p.splits > 1) { // raw sums of this K part: gate and up (if any) side by side
+        const int ldp = EPI == EPI_SWIGLU_BF16 ? 2 * p.N : p.N;
+        float *P = p.part + (size_t)blockIdx.z * p.M * ldp;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = row0 + wm * WM + mt * 16 + (lane >> 2) + hr * 8;
+                if (r >= row_end) continue;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    // SwiGLU: pairs of n-tiles are (gate, up) of 8 features
+                    const int c =
+                        EPI == EPI_SWIGLU_BF16
+                            ? blockIdx.y * 64 + wn * (WN / 2) + (nt >> 1) * 8 + (lane & 3) * 2
+                            : blockIdx.y * BN + wn * WN + nt * 8 + (lane & 3) * 2;
+                    const int off = EPI == EPI_SWIGLU_BF16 ? (nt & 1) * p.N : 0;
+                    float *prow = P + (size_t)r * ldp + off;
+                    if (c < p.N) prow[c] = acc[mt][nt][hr * 2];
+                    if (c + 1 < p.N) prow[c + 1] = acc[mt][nt][hr * 2 + 1];
+                }
+            }
+        return;
+    }
     // Epilogue straight from the accumulators (c0,c1: row lane/4, c2,c3: row lane/4 + 8).
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -392,15 +420,7 @@ bool tall_tiles_fit() {
 // 128 (64 for a few rows).
 int dense_bm(int M, int N) {
     if (g_force_bm) return g_force_bm;
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            cudaGetLastError(); // only a heuristic's input: guess, and keep launch checks clean
-            sms = 100;
-        }
-    }
+    const int sms = pf_device_sms();
     const int nb = (N + BN - 1) / BN;
     if (M >= 512 && (M + 255) / 256 * nb >= 2 * sms && tall_tiles_fit()) return 256;
     return M <= 64 ? 64 : 128;
@@ -457,11 +477,19 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
                 aligned16(W->data, W->row_stride) && (W->n <= 1 || W->mat_stride % 16 == 0) &&
                 (!Wup || aligned16(Wup->data, Wup->row_stride)) && ldc % 2 == 0;
     if (quant) fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0;
+    p.splits = 1;
+    p.part = nullptr;
     if (fast) {
         dim3 grid(n_mtiles, epi == EPI_SWIGLU_BF16 ? (p.N + 63) / 64 : (p.N + BN - 1) / BN);
-        if (bits == 4) return launch_bm<4>(s, p, grid, bm, epi, e);
-        if (bits == 8) return launch_bm<8>(s, p, grid, bm, epi, e);
-        return launch_bm<16>(s, p, grid, bm, epi, e);
+        if (!grp) // two CTAs per SM below 256-row tiles
+            grid.z = p.splits =
+                pf_gemm_split_parts(grid.x * grid.y, bm == 256 ? 1 : 2, p.K / BK, M, p.N, epi);
+        p.part = pf_gemm_split_ws();
+        int rc = bits == 4   ? launch_bm<4>(s, p, grid, bm, epi, e)
+                 : bits == 8 ? launch_bm<8>(s, p, grid, bm, epi, e)
+                             : launch_bm<16>(s, p, grid, bm, epi, e);
+        if (rc || p.splits == 1) return rc;
+        return pf_gemm_split_reduce(s, p.splits, M, p.N, C, ldc, epi, e);
     }
     dim3 grid(n_mtiles, (p.N + 127) / 128);
     gemm_generic_kernel<<<grid, 128, 0, s>>>(p, W->type, W->bits, (int)epi, bm);

@@ -22,17 +22,24 @@
 namespace {
 
 constexpr int WG_THREADS = 256; // two warpgroups
-constexpr int WG_STAGES = 5;
-constexpr int MAX_GROUPS = 64; // K / group: scales + biases of 256 rows take 64 KB at most
+constexpr int MAX_GROUPS = 64;  // K / group: scales + biases of 256 rows take 64 KB at most
 
-// Work-item shape: MB m64 blocks of weight rows per warpgroup. MB = 1: 128 weight rows x up to 256
-// tokens; MB = 2: 256 rows x up to 128 tokens (half the activation bytes per FLOP, twice the
-// weight bytes; the same accumulator registers).
-template <int MB> struct wg_shape {
-    static constexpr int ROWS = 128 * MB;         // weight rows per work item
-    static constexpr int TOK = 256 / MB;          // tokens per work item at most
-    static constexpr int ACT = TOK * 128;         // [TOK][64 k] bf16
-    static constexpr int STAGE = ACT + ROWS * 32; // + [ROWS][64 k] 4-bit
+// Work-item shapes (SH): MB m64 blocks of weight rows per warpgroup, up to TOK tokens, a ring of
+// STAGES k-tiles in shared memory with loads DIST tiles ahead. SH 1: 128 weight rows x up to 256
+// tokens; SH 2: 256 rows x up to 128 tokens (half the activation bytes per FLOP, twice the weight
+// bytes; the same accumulator registers); SH 3: 256 rows x up to 32 tokens with a 10-stage ring,
+// for experts with a few rows each (short prompts), whose k-tiles are mostly weights: twice the
+// weight bytes in flight, where the k loop waits on memory, not on the tensor cores.
+template <int SH> struct wg_shape {
+    static constexpr int MB = SH == 1 ? 1 : 2;
+    static constexpr int ROWS = 128 * MB;                          // weight rows per work item
+    static constexpr int TOK = SH == 1 ? 256 : SH == 2 ? 128 : 32; // tokens per work item at most
+    static constexpr int ACT = TOK * 128;                          // [TOK][64 k] bf16
+    static constexpr int STAGE = ACT + ROWS * 32;                  // + [ROWS][64 k] 4-bit
+    static constexpr int STAGES = SH == 3 ? 10 : 5;
+    // A stage is overwritten two tiles after it was read (every warpgroup has then retired that
+    // tile's wgmma group, see k_tile), so loads run STAGES - 2 tiles ahead.
+    static constexpr int DIST = STAGES - 2;
 };
 
 // The group size of both matrices is w[0].group (pf_gemm checks that SwiGLU's gate and up agree).
@@ -41,7 +48,9 @@ struct wg_params : gemm_in {
     void *C;
     int ldc, epi;
     const int *tiles, *n_tiles;
-    int ny; // work items per row tile (weight-row blocks)
+    int ny;     // work items per row tile (weight-row blocks)
+    int splits; // K parts (dense mode only, gemm_split.cu): > 1 writes raw sums to part
+    float *part;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -49,9 +58,6 @@ struct wg_params : gemm_in {
 #endif
 
 #ifdef WG_DEVICE
-// A stage is overwritten two tiles after it was read (every warpgroup has then retired that
-// tile's wgmma group, see k_tile), so loads run STAGES - 2 tiles ahead.
-constexpr int WG_DIST = WG_STAGES - 2;
 
 __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -93,9 +99,9 @@ struct item_t {
     int expert, row0, nrows, by;
 };
 
-template <int MB>
+template <int SH>
 __device__ __forceinline__ bool get_item(const wg_params &p, int n_mtiles, int item, item_t &it) {
-    constexpr int WG_TOK = wg_shape<MB>::TOK;
+    constexpr int WG_TOK = wg_shape<SH>::TOK;
     const int mt = item / p.ny;
     if (mt >= n_mtiles) return false;
     it.by = item - mt * p.ny;
@@ -114,21 +120,22 @@ __device__ __forceinline__ bool get_item(const wg_params &p, int n_mtiles, int i
 // Item row v -> matrix (0 gate or the only one, 1 up) and its row. SwiGLU items cover ROWS / 2
 // features with gate and up rows interleaved by 8 (as in gemm_q.cu), so a thread's accumulator
 // rows r and r + 8 are the gate and up of one feature.
-template <int MB> __device__ __forceinline__ int row_of(const wg_params &p, int by, int v, int &m) {
+template <int SH> __device__ __forceinline__ int row_of(const wg_params &p, int by, int v, int &m) {
     if (p.epi == EPI_SWIGLU_BF16) {
         m = (v >> 3) & 1;
-        return by * (wg_shape<MB>::ROWS / 2) + (v >> 4) * 8 + (v & 7);
+        return by * (wg_shape<SH>::ROWS / 2) + (v >> 4) * 8 + (v & 7);
     }
     m = 0;
-    return by * wg_shape<MB>::ROWS + v;
+    return by * wg_shape<SH>::ROWS + v;
 }
 
 // Per-thread state of the loads and of the dequantization.
-template <int MB> struct wg_ctx {
+template <int SH> struct wg_ctx {
+    static constexpr int MB = wg_shape<SH>::MB;
     uint32_t smem;   // shared address of stage 0
     uint32_t sbuf;   // shared address of the scales [ROWS][ng] bf16, then the biases
     uint32_t act_st; // this thread's activation chunk: swizzled byte offset inside a stage
-    uint32_t a_off[wg_shape<MB>::TOK / 32];
+    uint32_t a_off[wg_shape<SH>::TOK / 32];
     int n_act;             // activation chunks this thread copies per tile
     const uint8_t *wq[MB]; // this thread's packed-weight chunks (k-tile 0)
     uint32_t wq_st[MB];
@@ -140,9 +147,9 @@ template <int MB> struct wg_ctx {
 };
 
 // Load-side state for item `it` (gathered activation rows, weight and scale rows).
-template <int MB>
-__device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<MB> &c, const item_t &it) {
-    constexpr int ROWS = wg_shape<MB>::ROWS, TOK = wg_shape<MB>::TOK;
+template <int SH>
+__device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<SH> &c, const item_t &it) {
+    constexpr int MB = wg_shape<SH>::MB, ROWS = wg_shape<SH>::ROWS, TOK = wg_shape<SH>::TOK;
     const int tid = threadIdx.x;
     const int tok0 = tid >> 3, ch = tid & 7;
     c.n_act = (it.nrows - tok0 + 31) / 32;
@@ -156,37 +163,38 @@ __device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<MB> &c, c
         // packed weights: chunk (tid + 256 i) = half (16 bytes) of item row (tid + 256 i) / 2
         const int idx = tid + WG_THREADS * i, v = idx >> 1;
         int m;
-        const int n = row_of<MB>(p, it.by, v, m);
+        const int n = row_of<SH>(p, it.by, v, m);
         c.wq_ok[i] = n < p.N;
         c.wq[i] = p.w[m].data + it.expert * p.w[m].ms + (size_t)(c.wq_ok[i] ? n : 0) * p.w[m].rs +
                   (idx & 1) * 16;
         c.wq_st[i] = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
         // scales: row-copy (tid + 256 i) is row % ROWS of the scales (first ROWS) or the biases
-        const int vs = idx % ROWS, ns = row_of<MB>(p, it.by, vs, m);
+        const int vs = idx % ROWS, ns = row_of<SH>(p, it.by, vs, m);
         c.sb_ok[i] = ns < p.N;
         c.sb_src[i] = (idx < ROWS ? p.w[m].scales : p.w[m].biases) + it.expert * p.w[m].sbms +
                       (size_t)(c.sb_ok[i] ? ns : 0) * p.w[m].sbrs;
     }
 }
 
-template <int MB>
-__device__ __forceinline__ void load_tile(const wg_ctx<MB> &c, const bf16 *A, int kt) {
-    const uint32_t st = c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE;
+template <int SH>
+__device__ __forceinline__ void load_tile(const wg_ctx<SH> &c, const bf16 *A, int kt) {
+    constexpr int MB = wg_shape<SH>::MB;
+    const uint32_t st = c.smem + (uint32_t)(kt % wg_shape<SH>::STAGES) * wg_shape<SH>::STAGE;
 #pragma unroll
-    for (int i = 0; i < wg_shape<MB>::TOK / 32; i++)
+    for (int i = 0; i < wg_shape<SH>::TOK / 32; i++)
         if (i < c.n_act) cp_async16_s(st + c.act_st + i * 32 * 128, A + c.a_off[i] + kt * 64);
 #pragma unroll
     for (int i = 0; i < MB; i++)
-        if (c.wq_ok[i]) cp_async16_s(st + wg_shape<MB>::ACT + c.wq_st[i], c.wq[i] + kt * 32);
+        if (c.wq_ok[i]) cp_async16_s(st + wg_shape<SH>::ACT + c.wq_st[i], c.wq[i] + kt * 32);
 }
 
-// First WG_DIST tiles of an item and its scales/biases (with tile 0). The caller has made sure
-// no warpgroup still reads the stages or the scales.
-template <int MB>
-__device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<MB> &c,
-                                         const item_t &it) {
-    constexpr int WG_ROWS = wg_shape<MB>::ROWS;
-    const int tid = threadIdx.x, KT = p.K / 64;
+// First DIST tiles of an item and its scales/biases (with tile 0). The caller has made sure no
+// warpgroup still reads the stages or the scales.
+template <int SH>
+__device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<SH> &c, const item_t &it,
+                                         int kt0, int kt1) {
+    constexpr int MB = wg_shape<SH>::MB, WG_ROWS = wg_shape<SH>::ROWS;
+    const int tid = threadIdx.x;
     if (p.sb_async) {
 #pragma unroll
         for (int i = 0; i < MB; i++) {
@@ -200,7 +208,7 @@ __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<MB> &c
         for (int i = tid; i < c.ng * WG_ROWS; i += WG_THREADS) {
             const int v = i / c.ng, gi = i % c.ng;
             int m;
-            const int n = row_of<MB>(p, it.by, v, m);
+            const int n = row_of<SH>(p, it.by, v, m);
             uint16_t s = 0, b = 0;
             if (n < p.N) {
                 const size_t off = it.expert * p.w[m].sbms + (size_t)n * p.w[m].sbrs + gi * 2;
@@ -213,8 +221,8 @@ __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<MB> &c
         }
     }
 #pragma unroll
-    for (int s = 0; s < WG_DIST; s++) {
-        if (s < KT) load_tile(c, p.A, s);
+    for (int s = 0; s < wg_shape<SH>::DIST; s++) {
+        if (kt0 + s < kt1) load_tile(c, p.A, kt0 + s);
         cp_async_commit();
     }
 }
@@ -231,12 +239,12 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
 // needs from word j are its byte t: a byte_perm gathers byte t of both rows' word j, the LOP3
 // trick builds 128 + q as bf16 pairs, one subtract (exact) and one bf16x2 FMA per pair apply the
 // rows' scales and biases (rounded once, as the reference's f32 FMA rounded to bf16).
-template <int MB>
-__device__ __forceinline__ void dequant(const wg_ctx<MB> &c, int kt, int group, int mb,
+template <int SH>
+__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, int group, int mb,
                                         uint32_t (&a)[16]) {
-    constexpr int WG_ROWS = wg_shape<MB>::ROWS;
+    constexpr int WG_ROWS = wg_shape<SH>::ROWS;
     const uint32_t st =
-        c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE + wg_shape<MB>::ACT;
+        c.smem + (uint32_t)(kt % wg_shape<SH>::STAGES) * wg_shape<SH>::STAGE + wg_shape<SH>::ACT;
     uint32_t w0[8], w1[8];
     const int r0 = c.r0 + 64 * mb, r1 = r0 + 8;
     // row r's chunk h sits at chunk h ^ ((r >> 2) & 1): the 8 rows a warp reads hit all 32 banks
@@ -279,23 +287,27 @@ __device__ __forceinline__ void dequant(const wg_ctx<MB> &c, int kt, int group, 
     }
 }
 
-// One k-tile: wait for its stage, start the load of tile kt + DIST, dequantize into `a` while the
-// previous tile's wgmmas (reading the other register set) run, retire those, issue 4 wgmmas.
-// Retiring with wait_group 0 right before the issue (not wait_group 1 at the top) is what lets
-// ptxas see that no in-flight wgmma reads `a`; otherwise it serializes every wgmma (C7513).
-template <int MB, int NT>
-__device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<MB> &c, int kt, int KT,
-                                       uint32_t (&a)[MB][16], float (&acc)[MB][NT / 2]) {
-    cp_async_wait<WG_DIST - 1>();
+// One k-tile (of the item's tiles up to KT): wait for its stage, start the load of tile kt + DIST,
+// dequantize into `a` while the previous tile's wgmmas (reading the other register set) run, retire
+// those, issue 4 wgmmas. Retiring with wait_group 0 right before the issue (not wait_group 1 at the
+// top) is what lets ptxas see that no in-flight wgmma reads `a`; otherwise it serializes every
+// wgmma (C7513).
+template <int SH, int NT>
+__device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<SH> &c, int kt, int KT,
+                                       uint32_t (&a)[wg_shape<SH>::MB][16],
+                                       float (&acc)[wg_shape<SH>::MB][NT / 2]) {
+    constexpr int MB = wg_shape<SH>::MB;
+    cp_async_wait<wg_shape<SH>::DIST - 1>();
     fence_proxy_async();
     // Both warpgroups have retired tile kt - 2 (at their previous tile), so its stage is free.
     __syncthreads();
-    if (kt + WG_DIST < KT) load_tile(c, p.A, kt + WG_DIST);
+    if (kt + wg_shape<SH>::DIST < KT) load_tile(c, p.A, kt + wg_shape<SH>::DIST);
     cp_async_commit(); // (empty near the end: keeps the group count uniform)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) dequant<MB>(c, kt, p.w[0].group, mb, a[mb]);
+    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, p.w[0].group, mb, a[mb]);
     // descriptors too are wgmma inputs: define them before the fence
-    const uint64_t d0 = act_desc(c.smem + (uint32_t)(kt % WG_STAGES) * wg_shape<MB>::STAGE);
+    const uint64_t d0 =
+        act_desc(c.smem + (uint32_t)(kt % wg_shape<SH>::STAGES) * wg_shape<SH>::STAGE);
     wg_wait<0>();
     wg_fence();
 #pragma unroll
@@ -309,34 +321,40 @@ __device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<MB> &c, 
     wg_commit();
 }
 
-// One work item with an NT-wide token tile: the k loop, then the epilogue from the accumulators.
-template <int MB, int NT>
-__device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<MB> &c,
-                                         const item_t &cur) {
-    constexpr int WG_ROWS = wg_shape<MB>::ROWS;
-    float acc[MB][NT / 2];
+// Split along K: this part's raw sums, gate and up (if any) side by side (gemm_split.cu adds the
+// parts and applies the epilogue). acc[mb][4j + 2h + e]: weight row r0 + 64 mb + 8h of the item,
+// token 8j + 2t + e of the tile.
+template <int SH, int NT>
+__device__ __forceinline__ void store_part(const wg_params &p, const wg_ctx<SH> &c,
+                                           const item_t &cur, int part,
+                                           float (&acc)[wg_shape<SH>::MB][NT / 2]) {
+    constexpr int MB = wg_shape<SH>::MB;
+    const int t = threadIdx.x & 3;
+    const int ldp = p.epi == EPI_SWIGLU_BF16 ? 2 * p.N : p.N;
+    float *P = p.part + (size_t)part * p.M * ldp;
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
 #pragma unroll
-        for (int i = 0; i < NT / 2; i++) acc[mb][i] = 0.f;
-    uint32_t a0[MB][16], a1[MB][16];
-    const int KT = p.K / 64;
+        for (int j = 0; j < NT / 8; j++)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
-    // Register sets alternate strictly (no path reaches a set while its own wgmmas may still be
-    // in flight, or ptxas serializes): pairs of tiles, then the odd last one.
-    int kt = 0;
-    for (; kt + 1 < KT; kt += 2) {
-        k_tile<MB, NT>(p, c, kt, KT, a0, acc);
-        k_tile<MB, NT>(p, c, kt + 1, KT, a1, acc);
-    }
-    if (kt < KT) k_tile<MB, NT>(p, c, kt, KT, a0, acc);
-    wg_wait<0>();
+            for (int e = 0; e < 2; e++)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+                for (int h = 0; h < 2; h++) {
+                    const int tok = 8 * j + 2 * t + e;
+                    int m;
+                    const int n = row_of<SH>(p, cur.by, c.r0 + 64 * mb + 8 * h, m);
+                    if (tok < cur.nrows && n < p.N)
+                        P[(size_t)(cur.row0 + tok) * ldp + m * p.N + n] =
+                            acc[mb][4 * j + 2 * h + e];
+                }
+}
 
-    // acc[mb][4j + 2h + e]: weight row r0 + 64 mb + 8h of the item, token 8j + 2t + e of the tile
-    const int lane = threadIdx.x & 31, t = lane & 3;
+// The epilogue from the accumulators (layout as in store_part).
+template <int SH, int NT>
+__device__ __forceinline__ void epilogue(const wg_params &p, const wg_ctx<SH> &c, const item_t &cur,
+                                         float (&acc)[wg_shape<SH>::MB][NT / 2]) {
+    constexpr int MB = wg_shape<SH>::MB, WG_ROWS = wg_shape<SH>::ROWS;
+    const int t = threadIdx.x & 3;
 #pragma unroll
     for (int mb = 0; mb < MB; mb++) {
         const int r0 = c.r0 + 64 * mb;
@@ -385,26 +403,66 @@ __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<MB> &c
         }
     }
 }
+
+// One work item with an NT-wide token tile: the k loop, then the epilogue from the accumulators.
+template <int SH, int NT, bool SPLIT>
+__device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c, const item_t &cur,
+                                         int kt0, int kt1, int part) {
+    constexpr int MB = wg_shape<SH>::MB;
+    float acc[MB][NT / 2];
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++)
+#pragma unroll
+        for (int i = 0; i < NT / 2; i++) acc[mb][i] = 0.f;
+    uint32_t a0[MB][16], a1[MB][16];
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+    // Register sets alternate strictly (no path reaches a set while its own wgmmas may still be
+    // in flight, or ptxas serializes): pairs of tiles, then the odd last one.
+    int kt = kt0;
+    for (; kt + 1 < kt1; kt += 2) {
+        k_tile<SH, NT>(p, c, kt, kt1, a0, acc);
+        k_tile<SH, NT>(p, c, kt + 1, kt1, a1, acc);
+    }
+    if (kt < kt1) k_tile<SH, NT>(p, c, kt, kt1, a0, acc);
+    wg_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+
+    if constexpr (SPLIT)
+        store_part<SH, NT>(p, c, cur, part, acc);
+    else
+        epilogue<SH, NT>(p, c, cur, acc);
+}
+
 #endif // WG_DEVICE
 
 // One CTA per work item (row tile, weight-row block); in grouped mode the number of row tiles is
 // read on the device and surplus CTAs exit at once. (A persistent variant, one CTA per SM walking
 // the items and overlapping each epilogue with the next item's first loads, measured 2x slower:
 // with the item loop around the per-width k loops ptxas serializes the wgmmas, C7510/C7512.)
-template <int MB>
+// SPLIT: a dense GEMM split along K (gemm_split.cu), its own instantiation so that the unsplit
+// kernel's k loop starts at a known 0 (one kernel for both cost the K = 512 GEMMs 1-12%).
+template <int SH, bool SPLIT>
 __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(const wg_params p) {
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    constexpr int TOK = wg_shape<MB>::TOK;
+    constexpr int MB = wg_shape<SH>::MB, TOK = wg_shape<SH>::TOK;
     const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
+    // dense GEMMs split along K: consecutive CTAs take the parts of one item
+    const int item = SPLIT ? blockIdx.x / p.splits : blockIdx.x;
+    const int part = SPLIT ? blockIdx.x - item * p.splits : 0;
     item_t cur;
-    if (!get_item<MB>(p, n_mtiles, blockIdx.x, cur)) return;
+    if (!get_item<SH>(p, n_mtiles, item, cur)) return;
+    const int KT = p.K / 64;
+    const int kt0 = SPLIT ? part * KT / p.splits : 0;
+    const int kt1 = SPLIT ? (part + 1) * KT / p.splits : KT;
 
-    wg_ctx<MB> c;
+    wg_ctx<SH> c;
     // the 128-byte swizzle repeats every 1024 bytes: align the stages to that
     c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
-    c.sbuf = c.smem + WG_STAGES * wg_shape<MB>::STAGE;
+    c.sbuf = c.smem + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE;
     c.ng = p.K / p.w[0].group;
     {
         const int tok0 = tid >> 3, ch = tid & 7;
@@ -416,33 +474,37 @@ __global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(const wg_params 
     const uint32_t t = lane & 3;
     c.sel = t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12);
 
-    setup_loads<MB>(p, c, cur);
-    prologue<MB>(p, c, cur);
+    setup_loads<SH>(p, c, cur);
+    prologue<SH>(p, c, cur, kt0, kt1);
     // the token tile is the item's rows rounded up to 32: one instantiation per width
+    if constexpr (TOK == 32) {
+        run_item<SH, 32, SPLIT>(p, c, cur, kt0, kt1, part);
+        return;
+    }
     switch ((cur.nrows + 31) >> 5) {
     case 1:
-        run_item<MB, 32>(p, c, cur);
+        run_item<SH, 32, SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     case 2:
-        run_item<MB, 64>(p, c, cur);
+        run_item<SH, 64, SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     case 3:
-        run_item<MB, 96>(p, c, cur);
+        run_item<SH, 96, SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     case 4:
-        run_item<MB, 128>(p, c, cur);
+        run_item<SH, 128, SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     case 5:
-        run_item<MB, (TOK < 160 ? TOK : 160)>(p, c, cur);
+        run_item<SH, (TOK < 160 ? TOK : 160), SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     case 6:
-        run_item<MB, (TOK < 192 ? TOK : 192)>(p, c, cur);
+        run_item<SH, (TOK < 192 ? TOK : 192), SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     case 7:
-        run_item<MB, (TOK < 224 ? TOK : 224)>(p, c, cur);
+        run_item<SH, (TOK < 224 ? TOK : 224), SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     default:
-        run_item<MB, TOK>(p, c, cur);
+        run_item<SH, TOK, SPLIT>(p, c, cur, kt0, kt1, part);
         break;
     }
 #else
@@ -461,7 +523,7 @@ __global__ void wg_probe(int *out) {
 }
 
 int g_force_path = 0;
-int g_rows = 0; // weight rows per work item: 128 (MB = 1), 256 (MB = 2), 0 = by the tile map
+int g_shape = 0; // work-item shape (wg_shape): 1, 2, 3, or 0 = by the tile map
 
 } // namespace
 
@@ -469,20 +531,24 @@ void pf_gemm_force_path(int path) {
     g_force_path = path;
 }
 
-void pf_gemm_wg_rows(int rows) {
-    g_rows = rows == 256 || rows == 128 ? rows : 0;
+void pf_gemm_wg_shape(int shape) {
+    g_shape = shape >= 1 && shape <= 3 ? shape : 0;
 }
 
 int pf_gemm_wg_tokens() {
-    return g_rows == 256 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+    return g_shape == 3 ? wg_shape<3>::TOK : g_shape == 2 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
 }
 
 // Measured (bench/RESULTS.md, E = 256, k = 8): with 64 rows per expert (T = 2048) 256-row items
 // run the expert GEMMs at 200 TFLOP/s against 164 for 128-row items; with 128 rows (T = 4096) and
 // more, 128-row items win (261 vs 240 at 4K, 362 vs 312 at 32K), as on every dense shape.
+// Up to WG_FEW_ROWS rows per expert the deep-ring shape 3.
+constexpr int WG_FEW_ROWS = 16;
 int pf_gemm_wg_group_bm(int avg_rows) {
-    if (g_rows) return pf_gemm_wg_tokens();
-    return avg_rows < 96 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+    if (g_shape) return pf_gemm_wg_tokens();
+    return avg_rows <= WG_FEW_ROWS ? wg_shape<3>::TOK
+           : avg_rows < 96         ? wg_shape<2>::TOK
+                                   : wg_shape<1>::TOK;
 }
 
 bool pf_gemm_wg_available() {
@@ -523,23 +589,37 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
 }
 
 namespace {
-template <int MB>
+template <int SH>
 int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, struct wren_err *e) {
-    constexpr int ROWS = wg_shape<MB>::ROWS, TOK = wg_shape<MB>::TOK;
+    constexpr int ROWS = wg_shape<SH>::ROWS, TOK = wg_shape<SH>::TOK;
     p.ny = p.epi == EPI_SWIGLU_BF16 ? (p.N + ROWS / 2 - 1) / (ROWS / 2) : (p.N + ROWS - 1) / ROWS;
     const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
     if (n_mtiles <= 0) return 0;
-    const int smem = 1024 + WG_STAGES * wg_shape<MB>::STAGE + (p.K / p.w[0].group) * ROWS * 4;
+    const int smem =
+        1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + (p.K / p.w[0].group) * ROWS * 4;
+    // dense GEMMs (shape 1) may be split along K
+    constexpr bool CAN_SPLIT = SH == 1;
     static int attr_smem = 0;
     if (smem > attr_smem) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<MB>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, CAN_SPLIT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_smem = smem;
     }
     const long items = (long)n_mtiles * p.ny;
     if (items >= (1L << 31)) return wren_errf(e, "gemm: too many tiles");
-    gemm_wg_kernel<MB><<<(unsigned)items, WG_THREADS, smem, s>>>(p);
+    p.splits = grp || !CAN_SPLIT
+                   ? 1
+                   : pf_gemm_split_parts((int)items, 1, p.K / 64, M, p.N, (enum gemm_epi)p.epi);
+    p.part = pf_gemm_split_ws();
+    if (p.splits > 1)
+        gemm_wg_kernel<SH, CAN_SPLIT><<<(unsigned)(items * p.splits), WG_THREADS, smem, s>>>(p);
+    else
+        gemm_wg_kernel<SH, false><<<(unsigned)items, WG_THREADS, smem, s>>>(p);
     CUDA_CHECK_LAUNCH();
+    if (p.splits > 1)
+        return pf_gemm_split_reduce(s, p.splits, M, p.N, p.C, p.ldc, (enum gemm_epi)p.epi, e);
     return 0;
 }
 } // namespace
@@ -564,7 +644,12 @@ int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat 
     p.n_tiles = grp ? grp->n_tiles : nullptr;
     // 256-row items for grouped GEMMs whose tile map was made for them (small T, see
     // pf_gemm_wg_group_bm), 128-row items otherwise
-    if (g_rows == 256 || (!g_rows && grp && grp->bm <= wg_shape<2>::TOK))
-        return launch<2>(s, p, grp, M, e);
-    return launch<1>(s, p, grp, M, e);
+    const int sh = g_shape                       ? g_shape
+                   : !grp                        ? 1
+                   : grp->bm <= wg_shape<3>::TOK ? 3
+                   : grp->bm <= wg_shape<2>::TOK ? 2
+                                                 : 1;
+    return sh == 3   ? launch<3>(s, p, grp, M, e)
+           : sh == 2 ? launch<2>(s, p, grp, M, e)
+                     : launch<1>(s, p, grp, M, e);
 }

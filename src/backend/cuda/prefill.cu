@@ -56,6 +56,9 @@ struct prefill_ws {
     int bm;
     // logits
     float *lg;
+    // split-K partial sums of dense GEMMs with few tiles (gemm_split.cu)
+    float *split;
+    size_t split_bytes;
     // profile: events between phases, each phase tagged with a kind
     bool prof, ev_made;
     cudaEvent_t ev[MAX_EVENTS];
@@ -66,16 +69,14 @@ struct prefill_ws {
 namespace {
 
 void ws_free(struct prefill_ws *w) {
-    void *bufs[] = {w->tokens,     w->x,         w->xn,
-                    w->qkv,        w->qkvc,      w->ba,
-                    w->o,          w->z,         w->y,
-                    w->q,          w->k,         w->v,
-                    w->qb,         w->ao,        w->rl,
-                    w->ye,         w->sh,        w->shg,
-                    w->h,          w->shh,       w->lg,
-                    w->rb.topk_id, w->rb.topk_w, w->rb.counts,
-                    w->rb.offsets, w->rb.cursor, w->rb.sorted_tok,
-                    w->rb.slot,    w->rb.tiles,  w->rb.n_tiles};
+    void *bufs[] = {w->tokens,    w->x,          w->xn,         w->qkv,
+                    w->qkvc,      w->ba,         w->o,          w->z,
+                    w->y,         w->q,          w->k,          w->v,
+                    w->qb,        w->ao,         w->rl,         w->ye,
+                    w->sh,        w->shg,        w->h,          w->shh,
+                    w->lg,        w->split,      w->rb.topk_id, w->rb.topk_w,
+                    w->rb.counts, w->rb.offsets, w->rb.cursor,  w->rb.sorted_tok,
+                    w->rb.slot,   w->rb.tiles,   w->rb.n_tiles};
     for (void *b : bufs)
         if (b) cudaFree(b); // release only: nothing to report, at worst a leak
     memset(w, 0, offsetof(struct prefill_ws, prof)); // the profile fields survive a regrow
@@ -124,7 +125,8 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
         alloc(&w->rb.sorted_tok, T * K, e) || alloc(&w->rb.slot, T * K, e) ||
         alloc(&w->rb.tiles, 3 * (size_t)w->rb.max_tiles, e) || alloc(&w->rb.n_tiles, 1, e))
         return -1;
-    return 0;
+    w->split_bytes = pf_gemm_split_ws_bytes();
+    return alloc(&w->split, w->split_bytes / sizeof(float), e);
 }
 
 struct runner {
@@ -266,6 +268,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
             return -1;
         }
     }
+    pf_gemm_set_split_ws(w->split, w->split_bytes);
     runner r = {cx, w, e};
     w->n_ev = 0;
     r.phase(PF_OTHER);
@@ -286,20 +289,27 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
         if (pf_rmsnorm_bf16(s, w->x, L->post_norm, n, c->hidden, c->rms_eps, w->xn, e)) return -1;
         if (run_mlp(r, L, n)) return wren_err_prefix(e, "layer %d: ", l);
     }
-    // Final norm and lm_head: the last row always (into st->logits); every row when asked.
+    // Final norm and lm_head: the last row always (into st->logits); every row when asked, and
+    // then st->logits is copied from the last of them (a one-row GEMM may take the few-rows
+    // kernel, whose rounding differs).
     r.phase(PF_LOGITS);
-    const int r0 = all_logits ? 0 : n - 1;
+    const bool all = all_logits && logits;
+    const int r0 = all ? 0 : n - 1;
     if (pf_rmsnorm_bf16(s, w->x + (size_t)r0 * c->hidden, cx->dm.final_norm, n - r0, c->hidden,
-                        c->rms_eps, w->xn + (size_t)r0 * c->hidden, e) ||
-        run_logits(r, n - 1, 1, st->logits))
+                        c->rms_eps, w->xn + (size_t)r0 * c->hidden, e))
         return -1;
-    if (all_logits && logits) {
+    if (all) {
         for (int t0 = 0; t0 < n; t0 += LOGIT_ROWS) {
             const int m = n - t0 < LOGIT_ROWS ? n - t0 : LOGIT_ROWS;
             if (run_logits(r, t0, m, w->lg)) return -1;
             CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)t0 * c->vocab, w->lg,
                                        sizeof(float) * m * c->vocab, cudaMemcpyDeviceToHost, s));
+            if (t0 + m == n)
+                CUDA_CHECK(cudaMemcpyAsync(st->logits, w->lg + (size_t)(m - 1) * c->vocab,
+                                           sizeof(float) * c->vocab, cudaMemcpyDeviceToDevice, s));
         }
+    } else if (run_logits(r, n - 1, 1, st->logits)) {
+        return -1;
     } else if (logits) {
         CUDA_CHECK(cudaMemcpyAsync(logits, st->logits, sizeof(float) * c->vocab,
                                    cudaMemcpyDeviceToHost, s));
@@ -322,6 +332,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
 void cuda_prefill_free(struct cuda_ctx *cx) {
     struct prefill_ws *w = cx->prefill;
     if (!w) return;
+    if (pf_gemm_split_ws() == w->split) pf_gemm_set_split_ws(nullptr, 0);
     ws_free(w);
     if (w->ev_made)
         for (int i = 0; i < MAX_EVENTS; i++) cudaEventDestroy(w->ev[i]); // teardown: no report

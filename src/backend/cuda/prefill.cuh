@@ -56,12 +56,12 @@ void pf_gemm_force_bm(int bm);
 // Test and benchmark hook: 0 = automatic (the sm_90a wgmma kernel of gemm_wg.cu for every call it
 // supports, on Hopper), 1 = only the portable mma.sync kernel.
 void pf_gemm_force_path(int path);
-// Shape of the wgmma kernel's work items: 128 weight rows x up to 256 tokens or 256 rows x up to
-// 128 tokens. Automatic (rows = 0): 256-row items for grouped GEMMs whose tile map has tiles of at
-// most 128 rows, else 128-row items; 128 or 256 force one shape (tests, benchmarks).
-// pf_gemm_wg_tokens() is the largest grouped tile the kernel takes; pf_gemm_wg_group_bm() the
-// tile height it wants for an average of avg_rows rows per expert.
-void pf_gemm_wg_rows(int rows);
+// Shape of the wgmma kernel's work items (gemm_wg.cu): 1 = 128 weight rows x up to 256 tokens,
+// 2 = 256 rows x up to 128 tokens, 3 = 256 rows x up to 32 tokens with a deeper load ring; 0 =
+// automatic (dense GEMMs 1; grouped GEMMs by the tile map's height, which pf_gemm_wg_group_bm
+// picks from the average rows per expert). Forcing a shape is a test and benchmark hook.
+// pf_gemm_wg_tokens() is the largest grouped tile the kernel takes.
+void pf_gemm_wg_shape(int shape);
 int pf_gemm_wg_tokens();
 int pf_gemm_wg_group_bm(int avg_rows);
 // sm_90a wgmma path for 4-bit weights (gemm_wg.cu): available on this device and binary (and not
@@ -72,6 +72,24 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
 int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
                const struct dmat *Wup, void *C, int ldc, enum gemm_epi epi,
                const struct gemm_group *grp, struct wren_err *e);
+
+// ---- split-K for dense GEMMs of few work items (gemm_split.cu) ----------------------------------
+// Both tiled kernels split K into S parts when a dense GEMM has too few CTAs to fill the GPU: each
+// part writes raw f32 sums to a workspace [S][M][N] ([S][M][2N] for SwiGLU: gate, then up) and
+// pf_gemm_split_reduce adds the parts in a fixed order and applies the epilogue. Without a
+// workspace (pf_gemm_set_split_ws) nothing is split. The workspace the automatic choice needs is
+// pf_gemm_split_ws_bytes() (a 128 x 256 f32 tile per SM).
+constexpr size_t PF_SPLIT_WS_FLOATS_PER_SM = 128 * 256;
+void pf_gemm_set_split_ws(float *ws, size_t bytes);
+size_t pf_gemm_split_ws_bytes();
+float *pf_gemm_split_ws();
+int pf_device_sms();
+// Parts for a GEMM of `ctas` CTAs (ctas_per_wave resident per SM) over KT k-tiles: 1 = no split.
+int pf_gemm_split_parts(int ctas, int ctas_per_wave, int KT, int M, int N, enum gemm_epi epi);
+int pf_gemm_split_reduce(cudaStream_t s, int S, int M, int N, void *C, int ldc, enum gemm_epi epi,
+                         struct wren_err *e);
+// Test and benchmark hook: 0 = automatic, 1 = never split, S >= 2 = S parts wherever K allows.
+void pf_gemm_split_force(int parts);
 
 // ---- MoE routing (moe_route.cu) -----------------------------------------------------------------
 // From router logits [T, E] f32: top-k (softmax, renormalised when norm_topk) ids/weights [T*k],
