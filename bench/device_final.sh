@@ -36,7 +36,7 @@ PY
 echo "== decode kernel checks"
 $repo/bench/cuda_checks.sh cuda_checks 2>&1 | tail -12
 echo "== prefill kernel checks"
-for c in gemm moe dn attn; do
+for c in gemm moe dn attn model; do
   timeout 120 ./cuda_checks/check_prefill_$c > "$out/check_prefill_$c.log" 2>&1
   echo "check_prefill_$c: exit $? ($(grep -c ' ok$' "$out/check_prefill_$c.log") ok, $(grep -c FAIL "$out/check_prefill_$c.log") FAIL)"
 done

@@ -40,6 +40,7 @@ template <int SH> struct wg_shape {
     // A stage is overwritten two tiles after it was read (every warpgroup has then retired that
     // tile's wgmma group, see k_tile), so loads run STAGES - 2 tiles ahead.
     static constexpr int DIST = STAGES - 2;
+    static_assert(DIST >= 1 && STAGE % 1024 == 0, "a ring of 1024-byte aligned stages");
 };
 
 // The group size of both matrices is w[0].group (pf_gemm checks that SwiGLU's gate and up agree).
