@@ -25,18 +25,20 @@ constexpr int WG_THREADS = 256; // two warpgroups
 constexpr int MAX_GROUPS = 64;  // K / group: scales + biases of 256 rows take 64 KB at most
 
 // Work-item shapes (SH): MB m64 blocks of weight rows per warpgroup, up to TOK tokens, a ring of
-// STAGES k-tiles in shared memory with loads DIST tiles ahead. SH 1: 128 weight rows x up to 256
-// tokens; SH 2: 256 rows x up to 128 tokens (half the activation bytes per FLOP, twice the weight
-// bytes; the same accumulator registers); SH 3: 256 rows x up to 32 tokens with a 10-stage ring,
-// for experts with a few rows each (short prompts), whose k-tiles are mostly weights: twice the
-// weight bytes in flight, where the k loop waits on memory, not on the tensor cores.
+// STAGES k-tiles in shared memory with loads DIST tiles ahead, MIN_BLOCKS CTAs per SM. SH 1: 128
+// weight rows x up to 256 tokens; SH 2: 256 rows x up to 128 tokens (half the activation bytes per
+// FLOP, twice the weight bytes; the same accumulator registers); SH 3: 256 rows x up to 32 tokens,
+// two CTAs per SM (at most 128 registers, 93 KB of shared memory at K = 2048), for experts with a
+// few rows each (short prompts): there a k-tile is a latency-bound chain (barrier, dequantize,
+// retire the previous wgmma group, issue) and a second CTA runs its chain beside it.
 template <int SH> struct wg_shape {
     static constexpr int MB = SH == 1 ? 1 : 2;
     static constexpr int ROWS = 128 * MB;                          // weight rows per work item
     static constexpr int TOK = SH == 1 ? 256 : SH == 2 ? 128 : 32; // tokens per work item at most
-    static constexpr int ACT = TOK * 128;                          // [TOK][64 k] bf16
-    static constexpr int STAGE = ACT + ROWS * 32;                  // + [ROWS][64 k] 4-bit
-    static constexpr int STAGES = SH == 3 ? 10 : 5;
+    static constexpr int MIN_BLOCKS = SH == 3 ? 2 : 1;
+    static constexpr int ACT = TOK * 128;         // [TOK][64 k] bf16
+    static constexpr int STAGE = ACT + ROWS * 32; // + [ROWS][64 k] 4-bit
+    static constexpr int STAGES = 5;
     // A stage is overwritten two tiles after it was read (every warpgroup has then retired that
     // tile's wgmma group, see k_tile), so loads run STAGES - 2 tiles ahead.
     static constexpr int DIST = STAGES - 2;
@@ -445,7 +447,8 @@ __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c
 // SPLIT: a dense GEMM split along K (gemm_split.cu), its own instantiation so that the unsplit
 // kernel's k loop starts at a known 0 (one kernel for both cost the K = 512 GEMMs 1-12%).
 template <int SH, bool SPLIT>
-__global__ void __launch_bounds__(WG_THREADS, 1) gemm_wg_kernel(const wg_params p) {
+__global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
+    gemm_wg_kernel(const wg_params p) {
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -524,7 +527,7 @@ __global__ void wg_probe(int *out) {
 }
 
 int g_force_path = 0;
-int g_shape = 0; // work-item shape (wg_shape): 1, 2, 3, or 0 = by the tile map
+int g_shape = 0; // work-item shape (wg_shape): 1-3, or 0 = by the tile map
 
 } // namespace
 
@@ -537,7 +540,7 @@ void pf_gemm_wg_shape(int shape) {
 }
 
 int pf_gemm_wg_tokens() {
-    return g_shape == 3 ? wg_shape<3>::TOK : g_shape == 2 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+    return g_shape >= 3 ? wg_shape<3>::TOK : g_shape == 2 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
 }
 
 // Measured (bench/RESULTS.md, E = 256, k = 8): with 64 rows per expert (T = 2048) 256-row items
@@ -606,6 +609,10 @@ int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, st
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, CAN_SPLIT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        if (wg_shape<SH>::MIN_BLOCKS > 1) // room for that many CTAs' shared memory per SM
+            CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, false>,
+                                            cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            cudaSharedmemCarveoutMaxShared));
         attr_smem = smem;
     }
     const long items = (long)n_mtiles * p.ny;

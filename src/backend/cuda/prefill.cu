@@ -52,8 +52,9 @@ struct prefill_ws {
     // MoE / MLP
     float *rl, *ye, *sh, *shg;
     bf16 *h, *shh;
-    struct moe_route_buf rb;
-    int bm;
+    struct moe_route_buf rb; // rb.max_tiles: this call's (at most tiles_cap)
+    int bm;                  // this call's grouped-GEMM tile height
+    int tiles_cap;
     // logits
     float *lg;
     // split-K partial sums of dense GEMMs with few tiles (gemm_split.cu)
@@ -108,8 +109,9 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
     const size_t dn_ws = pf_dn_chunked_ws_bytes(&dd) / sizeof(float) + 1;
     const size_t qkv_n = dn_ws > T * C ? dn_ws : T * C;
     w->cap = T;
-    w->bm = pf_gemm_group_bm((int)(T * K / E));
-    w->rb.max_tiles = pf_moe_max_tiles(T, (int)E, (int)K, w->bm);
+    // the tile map for any call of up to T tokens: the tile height grows with the rows per expert,
+    // so the smallest one bounds the tile count
+    w->tiles_cap = pf_moe_max_tiles(T, (int)E, (int)K, pf_gemm_group_bm(0));
     if (alloc(&w->tokens, T, e) || alloc(&w->x, T * H, e) || alloc(&w->xn, T * H, e) ||
         alloc(&w->qkv, qkv_n, e) || alloc(&w->qkvc, T * C, e) ||
         alloc(&w->ba, T * 2 * c->dn_v_heads, e) || alloc(&w->o, T * V, e) ||
@@ -123,7 +125,7 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
         alloc(&w->rb.topk_w, T * K, e) || alloc(&w->rb.counts, E + 1, e) ||
         alloc(&w->rb.offsets, E + 1, e) || alloc(&w->rb.cursor, E + 1, e) ||
         alloc(&w->rb.sorted_tok, T * K, e) || alloc(&w->rb.slot, T * K, e) ||
-        alloc(&w->rb.tiles, 3 * (size_t)w->rb.max_tiles, e) || alloc(&w->rb.n_tiles, 1, e))
+        alloc(&w->rb.tiles, 3 * (size_t)w->tiles_cap, e) || alloc(&w->rb.n_tiles, 1, e))
         return -1;
     w->split_bytes = pf_gemm_split_ws_bytes();
     return alloc(&w->split, w->split_bytes / sizeof(float), e);
@@ -213,6 +215,11 @@ int run_mlp(runner &r, const struct dlayer *L, int T) {
                        nullptr, e);
     }
     const int E = c->n_experts, K = c->top_k, I = c->expert_inter;
+    // Tiles sized for this call's rows per expert (a short call after a long one kept the long
+    // one's 256-row tiles: 21 ms of expert GEMMs at 256 tokens, against 11 with 32-row tiles).
+    w->bm = pf_gemm_group_bm(T * K / E);
+    w->rb.max_tiles = pf_moe_max_tiles(T, E, K, w->bm);
+    if (w->rb.max_tiles > w->tiles_cap) return wren_errf(e, "MoE: tile map capacity exceeded");
     r.phase(PF_ROUTE);
     if (pf_gemm(s, w->xn, H, T, &L->router, nullptr, w->rl, E, EPI_F32, nullptr, e) ||
         pf_moe_route(s, w->rl, T, E, K, c->norm_topk, w->bm, &w->rb, e))

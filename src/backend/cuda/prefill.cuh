@@ -57,7 +57,7 @@ void pf_gemm_force_bm(int bm);
 // supports, on Hopper), 1 = only the portable mma.sync kernel.
 void pf_gemm_force_path(int path);
 // Shape of the wgmma kernel's work items (gemm_wg.cu): 1 = 128 weight rows x up to 256 tokens,
-// 2 = 256 rows x up to 128 tokens, 3 = 256 rows x up to 32 tokens with a deeper load ring; 0 =
+// 2 = 256 rows x up to 128 tokens, 3 = 256 rows x up to 32 tokens, two CTAs per SM; 0 =
 // automatic (dense GEMMs 1; grouped GEMMs by the tile map's height, which pf_gemm_wg_group_bm
 // picks from the average rows per expert). Forcing a shape is a test and benchmark hook.
 // pf_gemm_wg_tokens() is the largest grouped tile the kernel takes.
