@@ -13,10 +13,6 @@ namespace {
 constexpr int CONV_TB = 32; // timesteps per conv thread
 constexpr int SCAN_COLS = 16, SCAN_THREADS = SCAN_COLS * 8, CT = 16;
 
-__device__ __forceinline__ float silu(float x) {
-    return x / (1.f + __expf(-x));
-}
-
 // Thread per (channel, block of CONV_TB steps).
 __global__ void conv_kernel(const float *x, const float *state, const float *w, float *y, int T,
                             int C, int K) {
@@ -32,7 +28,7 @@ __global__ void conv_kernel(const float *x, const float *state, const float *w, 
             float xv = src >= 0 ? x[(size_t)src * C + c] : state[c * (K - 1) + (K - 1) + src];
             acc += wc[i] * xv;
         }
-        y[(size_t)t * C + c] = silu(acc);
+        y[(size_t)t * C + c] = silu_f(acc);
     }
 }
 
@@ -185,7 +181,7 @@ __global__ void gate_norm_kernel(const float *o, const bf16 *z, const float *w, 
     const float r = rsqrtf(ss / dv + eps);
     for (int i = lane; i < dv; i += 32)
         y[base + i] =
-            __float2bfloat16(o[base + i] * r * w[i] * silu(__bfloat162float(z[base + i])));
+            __float2bfloat16(o[base + i] * r * w[i] * silu_f(__bfloat162float(z[base + i])));
 }
 
 } // namespace

@@ -101,10 +101,6 @@ __device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0)
     }
 }
 
-__device__ __forceinline__ float silu(float x) {
-    return x / (1.f + __expf(-x));
-}
-
 // Warp grid: 2 x 4 warps of 32 x 32 / 64 x 32 for BM = 64 / 128 (two blocks per SM); 4 x 2 warps
 // of 64 x 64 for BM = 256 (one block per SM, half the dequantization per MMA).
 template <int BM> struct tile_cfg {
@@ -266,8 +262,8 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
 #pragma unroll
                 for (int j = 0; j < NT / 2; j++) {
                     const int c = blockIdx.y * 64 + wn * (WN / 2) + j * 8 + (lane & 3) * 2;
-                    float h0 = silu(acc[mt][2 * j][hr * 2]) * acc[mt][2 * j + 1][hr * 2];
-                    float h1 = silu(acc[mt][2 * j][hr * 2 + 1]) * acc[mt][2 * j + 1][hr * 2 + 1];
+                    float h0 = silu_f(acc[mt][2 * j][hr * 2]) * acc[mt][2 * j + 1][hr * 2];
+                    float h1 = silu_f(acc[mt][2 * j][hr * 2 + 1]) * acc[mt][2 * j + 1][hr * 2 + 1];
                     if (c + 1 < p.N)
                         *reinterpret_cast<__nv_bfloat162 *>(crow + c) =
                             __floats2bfloat162_rn(h0, h1);
@@ -344,7 +340,7 @@ __global__ void gemm_generic_kernel(const gparams p, enum wtype type, int bits, 
             if (epi == EPI_SWIGLU_BF16) s1 += x * w_at(p.w[1], type, bits, expert, n, k);
         }
         if (epi == EPI_SWIGLU_BF16) {
-            static_cast<bf16 *>(p.C)[(size_t)r * p.ldc + n] = __float2bfloat16(silu(s0) * s1);
+            static_cast<bf16 *>(p.C)[(size_t)r * p.ldc + n] = __float2bfloat16(silu_f(s0) * s1);
         } else if (epi == EPI_BF16) {
             static_cast<bf16 *>(p.C)[(size_t)r * p.ldc + n] = __float2bfloat16(s0);
         } else if (epi == EPI_ADD_F32) {

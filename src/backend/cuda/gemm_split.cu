@@ -34,10 +34,6 @@ int pf_device_sms() {
 
 namespace {
 
-__device__ __forceinline__ float silu_r(float x) {
-    return x / (1.f + __expf(-x));
-}
-
 // One thread per output element (row m, column n): the S parts summed in order 0..S-1.
 __global__ void split_reduce_kernel(const float *part, int S, int M, int N, int ldp, void *C,
                                     int ldc, int epi) {
@@ -62,7 +58,7 @@ __global__ void split_reduce_kernel(const float *part, int S, int M, int N, int 
     default: { // SwiGLU: gate in columns [0, N), up in [N, 2N)
         float u = 0.f;
         for (int s = 0; s < S; s++) u += p[s * stride + N];
-        static_cast<bf16 *>(C)[o] = __float2bfloat16(silu_r(v) * u);
+        static_cast<bf16 *>(C)[o] = __float2bfloat16(silu_f(v) * u);
     }
     }
 }

@@ -93,10 +93,6 @@ __device__ __forceinline__ void cp_async16_s(uint32_t saddr, const void *g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(g));
 }
 
-__device__ __forceinline__ float silu_f(float x) {
-    return x / (1.f + __expf(-x));
-}
-
 // A work item: up to 256 rows (tokens) of one expert times 128 weight rows (block `by`).
 struct item_t {
     int expert, row0, nrows, by;
