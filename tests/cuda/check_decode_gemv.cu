@@ -63,7 +63,10 @@ static void t_stream(int bits, int group, int rows, int cols) {
     qstream_configure(prop.major, prop.multiProcessorCount, prop.sharedMemPerBlockOptin, true);
     p.seg[0].out = o2;
     WK(gemv_launch(&p, 0, &err_));
-    qstream_configure(prop.major, prop.multiProcessorCount, prop.sharedMemPerBlockOptin, false);
+    // back to the configuration init_device made (streaming unless WREN_CUDA_DECODE=nostream)
+    const char *f = getenv("WREN_CUDA_DECODE");
+    qstream_configure(prop.major, prop.multiProcessorCount, prop.sharedMemPerBlockOptin,
+                      f && strstr(f, "nostream"));
     host_norm(xn, x, nw, 1e-6f);
     std::vector<float> w(rows), qe = qx_err(xn.data(), cols);
     std::vector<double> b(rows);

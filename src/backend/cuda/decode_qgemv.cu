@@ -159,15 +159,6 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load, finish);
 }
 
-static bool pow2(int v) {
-    return v > 0 && (v & (v - 1)) == 0;
-}
-static int log2i(int v) {
-    int s = 0;
-    while ((1 << s) < v) s++;
-    return s;
-}
-
 // Whether the int8 path takes this launch: 4- or 8-bit matrices of one format and group size,
 // an input of at most 8 * QG_THREADS * QX_IT values, a gated norm over heads of 32..256.
 bool qgemv_eligible(const struct gemv_params *p) {

@@ -191,8 +191,7 @@ int qstream_launch(const struct gemv_params *p, cudaStream_t s, struct wren_err 
     q.cols = p->cols, q.rows = g->rows, q.eps = p->eps;
     const int bits = g->a.bits;
     q.C = p->cols * bits / 128, q.ng = p->cols / g->a.group;
-    q.gshift = 0;
-    while ((1 << q.gshift) < g->a.group / (128 / bits)) q.gshift++;
+    q.gshift = log2i(g->a.group / (128 / bits));
     q.nst = qs_stages(p, &g->a);
     q.nstages = ((long)q.rows + QS_ROWS - 1) / QS_ROWS;
     const size_t smem = (size_t)q.nst * qs_stage_bytes(q.C, q.ng) + qx_bytes(p->cols / 32);

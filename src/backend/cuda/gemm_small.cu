@@ -116,15 +116,6 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
     }
 }
 
-bool pow2(int v) {
-    return v > 0 && (v & (v - 1)) == 0;
-}
-int log2i(int v) {
-    int s = 0;
-    while ((1 << s) < v) s++;
-    return s;
-}
-
 bool fmt_ok(const struct dmat *W, int K) {
     return (W->type == WT_Q4 || W->type == WT_Q8) && (W->bits == 4 || W->bits == 8) &&
            pow2(W->group) && W->group >= 32 && W->cols == K && W->row_stride % 16 == 0 &&
