@@ -536,7 +536,7 @@ void pf_gemm_wg_shape(int shape) {
 }
 
 int pf_gemm_wg_tokens() {
-    return g_shape >= 3 ? wg_shape<3>::TOK : g_shape == 2 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+    return g_shape == 3 ? wg_shape<3>::TOK : g_shape == 2 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
 }
 
 // Measured (bench/RESULTS.md, E = 256, k = 8): with 64 rows per expert (T = 2048) 256-row items

@@ -52,9 +52,7 @@ struct prefill_ws {
     // MoE / MLP
     float *rl, *ye, *sh, *shg;
     bf16 *h, *shh;
-    struct moe_route_buf rb; // rb.max_tiles: this call's (at most tiles_cap)
-    int bm;                  // this call's grouped-GEMM tile height
-    int tiles_cap;
+    struct moe_route_buf rb; // rb.max_tiles: the tile map's capacity
     // logits
     float *lg;
     // split-K partial sums of dense GEMMs with few tiles (gemm_split.cu)
@@ -111,7 +109,7 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
     w->cap = T;
     // the tile map for any call of up to T tokens: the tile height grows with the rows per expert,
     // so the smallest one bounds the tile count
-    w->tiles_cap = pf_moe_max_tiles(T, (int)E, (int)K, pf_gemm_group_bm(0));
+    w->rb.max_tiles = pf_moe_max_tiles(T, (int)E, (int)K, pf_gemm_group_bm(0));
     if (alloc(&w->tokens, T, e) || alloc(&w->x, T * H, e) || alloc(&w->xn, T * H, e) ||
         alloc(&w->qkv, qkv_n, e) || alloc(&w->qkvc, T * C, e) ||
         alloc(&w->ba, T * 2 * c->dn_v_heads, e) || alloc(&w->o, T * V, e) ||
@@ -125,7 +123,7 @@ int ws_alloc(struct prefill_ws *w, const struct model_config *c, int T, struct w
         alloc(&w->rb.topk_w, T * K, e) || alloc(&w->rb.counts, E + 1, e) ||
         alloc(&w->rb.offsets, E + 1, e) || alloc(&w->rb.cursor, E + 1, e) ||
         alloc(&w->rb.sorted_tok, T * K, e) || alloc(&w->rb.slot, T * K, e) ||
-        alloc(&w->rb.tiles, 3 * (size_t)w->tiles_cap, e) || alloc(&w->rb.n_tiles, 1, e))
+        alloc(&w->rb.tiles, 3 * (size_t)w->rb.max_tiles, e) || alloc(&w->rb.n_tiles, 1, e))
         return -1;
     w->split_bytes = pf_gemm_split_ws_bytes();
     return alloc(&w->split, w->split_bytes / sizeof(float), e);
@@ -217,16 +215,15 @@ int run_mlp(runner &r, const struct dlayer *L, int T) {
     const int E = c->n_experts, K = c->top_k, I = c->expert_inter;
     // Tiles sized for this call's rows per expert (a short call after a long one kept the long
     // one's 256-row tiles: 21 ms of expert GEMMs at 256 tokens, against 11 with 32-row tiles).
-    w->bm = pf_gemm_group_bm(T * K / E);
-    w->rb.max_tiles = pf_moe_max_tiles(T, E, K, w->bm);
-    if (w->rb.max_tiles > w->tiles_cap) return wren_errf(e, "MoE: tile map capacity exceeded");
+    // (pf_moe_route refuses a map larger than the capacity; the grids cover this call's tiles)
+    const int bm = pf_gemm_group_bm(T * K / E), tiles = pf_moe_max_tiles(T, E, K, bm);
     r.phase(PF_ROUTE);
     if (pf_gemm(s, w->xn, H, T, &L->router, nullptr, w->rl, E, EPI_F32, nullptr, e) ||
-        pf_moe_route(s, w->rl, T, E, K, c->norm_topk, w->bm, &w->rb, e))
+        pf_moe_route(s, w->rl, T, E, K, c->norm_topk, bm, &w->rb, e))
         return -1;
     r.phase(PF_EXPERTS);
-    struct gemm_group g1 = {w->rb.tiles, w->rb.n_tiles, w->rb.max_tiles, w->bm, w->rb.sorted_tok};
-    struct gemm_group g2 = {w->rb.tiles, w->rb.n_tiles, w->rb.max_tiles, w->bm, nullptr};
+    struct gemm_group g1 = {w->rb.tiles, w->rb.n_tiles, tiles, bm, w->rb.sorted_tok};
+    struct gemm_group g2 = {w->rb.tiles, w->rb.n_tiles, tiles, bm, nullptr};
     if (pf_gemm(s, w->xn, H, T * K, &L->exp_gate, &L->exp_up, w->h, I, EPI_SWIGLU_BF16, &g1, e) ||
         pf_gemm(s, w->h, I, T * K, &L->exp_down, nullptr, w->ye, H, EPI_F32, &g2, e))
         return -1;
