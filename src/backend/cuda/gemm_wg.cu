@@ -134,14 +134,15 @@ template <int SH> struct wg_ctx {
     uint32_t smem;   // shared address of stage 0
     uint32_t sbuf;   // shared address of the scales [ROWS][ng] bf16, then the biases
     uint32_t act_st; // this thread's activation chunk: swizzled byte offset inside a stage
-    uint32_t a_off[wg_shape<SH>::TOK / 32];
-    int n_act;             // activation chunks this thread copies per tile
-    const uint8_t *wq[MB]; // this thread's packed-weight chunks (k-tile 0)
+    const bf16 *a_src[wg_shape<SH>::TOK / 32]; // this thread's activation chunks (k-tile 0)
+    int n_act;                                 // activation chunks this thread copies per tile
+    const uint8_t *wq[MB];                     // this thread's packed-weight chunks (k-tile 0)
     uint32_t wq_st[MB];
     bool wq_ok[MB];
     const uint8_t *sb_src[MB]; // this thread's scale or bias rows (cp.async staging)
     bool sb_ok[MB];
     int ng, r0;   // groups per row; first of this thread's weight rows (r0, r0 + 8, + 64 ...)
+    int gsh;      // k-tile kt is in group kt >> gsh (groups are 64 << gsh wide)
     uint32_t sel; // byte_perm selector: byte t of two words
 };
 
@@ -155,7 +156,7 @@ __device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<SH> &c, c
 #pragma unroll
     for (int i = 0; i < TOK / 32; i++) {
         const int r = it.row0 + min(tok0 + 32 * i, it.nrows - 1);
-        c.a_off[i] = (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
+        c.a_src[i] = p.A + (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
     }
 #pragma unroll
     for (int i = 0; i < MB; i++) {
@@ -175,13 +176,16 @@ __device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<SH> &c, c
     }
 }
 
-template <int SH>
-__device__ __forceinline__ void load_tile(const wg_ctx<SH> &c, const bf16 *A, int kt) {
+// Tile kt into the stage at shared address st. NT > 0 (the k loop): the NT / 32 activation
+// chunks of a thread unconditionally (rows past the item's repeat its last row, so the copies stay
+// in bounds, and their columns are never stored), which keeps branches and their address
+// arithmetic out of the loop; NT = 0 (the prologue): only the chunks of the item's rows.
+template <int SH, int NT>
+__device__ __forceinline__ void load_tile(const wg_ctx<SH> &c, int kt, uint32_t st) {
     constexpr int MB = wg_shape<SH>::MB;
-    const uint32_t st = c.smem + (uint32_t)(kt % wg_shape<SH>::STAGES) * wg_shape<SH>::STAGE;
 #pragma unroll
-    for (int i = 0; i < wg_shape<SH>::TOK / 32; i++)
-        if (i < c.n_act) cp_async16_s(st + c.act_st + i * 32 * 128, A + c.a_off[i] + kt * 64);
+    for (int i = 0; i < (NT ? NT : wg_shape<SH>::TOK) / 32; i++)
+        if (NT || i < c.n_act) cp_async16_s(st + c.act_st + i * 32 * 128, c.a_src[i] + kt * 64);
 #pragma unroll
     for (int i = 0; i < MB; i++)
         if (c.wq_ok[i]) cp_async16_s(st + wg_shape<SH>::ACT + c.wq_st[i], c.wq[i] + kt * 32);
@@ -221,7 +225,10 @@ __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<SH> &c
     }
 #pragma unroll
     for (int s = 0; s < wg_shape<SH>::DIST; s++) {
-        if (kt0 + s < kt1) load_tile(c, p.A, kt0 + s);
+        if (kt0 + s < kt1)
+            load_tile<SH, 0>(c, kt0 + s,
+                             c.smem + (uint32_t)((kt0 + s) % wg_shape<SH>::STAGES) *
+                                          wg_shape<SH>::STAGE);
         cp_async_commit();
     }
 }
@@ -239,11 +246,10 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
 // trick builds 128 + q as bf16 pairs, one subtract (exact) and one bf16x2 FMA per pair apply the
 // rows' scales and biases (rounded once, as the reference's f32 FMA rounded to bf16).
 template <int SH>
-__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, int group, int mb,
+__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t stage, int mb,
                                         uint32_t (&a)[16]) {
     constexpr int WG_ROWS = wg_shape<SH>::ROWS;
-    const uint32_t st =
-        c.smem + (uint32_t)(kt % wg_shape<SH>::STAGES) * wg_shape<SH>::STAGE + wg_shape<SH>::ACT;
+    const uint32_t st = stage + wg_shape<SH>::ACT;
     uint32_t w0[8], w1[8];
     const int r0 = c.r0 + 64 * mb, r1 = r0 + 8;
     // row r's chunk h sits at chunk h ^ ((r >> 2) & 1): the 8 rows a warp reads hit all 32 banks
@@ -260,7 +266,7 @@ __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, int group, 
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(w1[4]), "=r"(w1[5]), "=r"(w1[6]), "=r"(w1[7])
                  : "r"(st + r1 * 32 + (16 ^ x0)));
-    const int g = kt * 64 / group;
+    const int g = kt >> c.gsh;
     const uint32_t sa = c.sbuf + (r0 * c.ng + g) * 2, sb = sa + 8 * c.ng * 2,
                    ba = sa + WG_ROWS * c.ng * 2, bb = sb + WG_ROWS * c.ng * 2;
     const uint32_t s2u = __byte_perm(lds_u16(sa), lds_u16(sb), 0x5410);
@@ -291,22 +297,26 @@ __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, int group, 
 // those, issue 4 wgmmas. Retiring with wait_group 0 right before the issue (not wait_group 1 at the
 // top) is what lets ptxas see that no in-flight wgmma reads `a`; otherwise it serializes every
 // wgmma (C7513).
+// sc: the stage index of tile kt (kt % STAGES), advanced here (no division in the loop).
 template <int SH, int NT>
 __device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<SH> &c, int kt, int KT,
-                                       uint32_t (&a)[wg_shape<SH>::MB][16],
+                                       int &sc, uint32_t (&a)[wg_shape<SH>::MB][16],
                                        float (&acc)[wg_shape<SH>::MB][NT / 2]) {
-    constexpr int MB = wg_shape<SH>::MB;
-    cp_async_wait<wg_shape<SH>::DIST - 1>();
+    constexpr int MB = wg_shape<SH>::MB, STAGES = wg_shape<SH>::STAGES, DIST = wg_shape<SH>::DIST;
+    const uint32_t st = c.smem + (uint32_t)sc * wg_shape<SH>::STAGE;
+    const int sl = sc + DIST < STAGES ? sc + DIST : sc + DIST - STAGES;
+    sc = sc + 1 < STAGES ? sc + 1 : 0;
+    cp_async_wait<DIST - 1>();
     fence_proxy_async();
     // Both warpgroups have retired tile kt - 2 (at their previous tile), so its stage is free.
     __syncthreads();
-    if (kt + wg_shape<SH>::DIST < KT) load_tile(c, p.A, kt + wg_shape<SH>::DIST);
+    if (kt + DIST < KT)
+        load_tile<SH, NT>(c, kt + DIST, c.smem + (uint32_t)sl * wg_shape<SH>::STAGE);
     cp_async_commit(); // (empty near the end: keeps the group count uniform)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, p.w[0].group, mb, a[mb]);
+    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, st, mb, a[mb]);
     // descriptors too are wgmma inputs: define them before the fence
-    const uint64_t d0 =
-        act_desc(c.smem + (uint32_t)(kt % wg_shape<SH>::STAGES) * wg_shape<SH>::STAGE);
+    const uint64_t d0 = act_desc(st);
     wg_wait<0>();
     wg_fence();
 #pragma unroll
@@ -418,12 +428,12 @@ __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c
     for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
     // Register sets alternate strictly (no path reaches a set while its own wgmmas may still be
     // in flight, or ptxas serializes): pairs of tiles, then the odd last one.
-    int kt = kt0;
+    int kt = kt0, sc = kt0 % wg_shape<SH>::STAGES;
     for (; kt + 1 < kt1; kt += 2) {
-        k_tile<SH, NT>(p, c, kt, kt1, a0, acc);
-        k_tile<SH, NT>(p, c, kt + 1, kt1, a1, acc);
+        k_tile<SH, NT>(p, c, kt, kt1, sc, a0, acc);
+        k_tile<SH, NT>(p, c, kt + 1, kt1, sc, a1, acc);
     }
-    if (kt < kt1) k_tile<SH, NT>(p, c, kt, kt1, a0, acc);
+    if (kt < kt1) k_tile<SH, NT>(p, c, kt, kt1, sc, a0, acc);
     wg_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
@@ -464,6 +474,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
     c.sbuf = c.smem + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE;
     c.ng = p.K / p.w[0].group;
+    c.gsh = __ffs(p.w[0].group) - 7; // a power of two >= 64 (pf_gemm_wg_fits)
     {
         const int tok0 = tid >> 3, ch = tid & 7;
         c.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4);
@@ -576,10 +587,11 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
     if (!pf_gemm_wg_available()) return false;
     const struct dmat *ms[2] = {W, Wup ? Wup : W};
     for (const struct dmat *m : ms) {
-        if (m->type != WT_Q4 || m->bits != 4 || m->group % 64 || m->cols != W->cols ||
-            m->rows != W->rows || ((uintptr_t)m->data % 16) || m->row_stride % 16 ||
-            (m->n > 1 && m->mat_stride % 16) || !m->scales || !m->biases || m->sb_row_stride % 2 ||
-            m->sb_mat_stride % 2 || ((uintptr_t)m->scales % 2) || ((uintptr_t)m->biases % 2))
+        if (m->type != WT_Q4 || m->bits != 4 || m->group < 64 || (m->group & (m->group - 1)) ||
+            m->cols != W->cols || m->rows != W->rows || ((uintptr_t)m->data % 16) ||
+            m->row_stride % 16 || (m->n > 1 && m->mat_stride % 16) || !m->scales || !m->biases ||
+            m->sb_row_stride % 2 || m->sb_mat_stride % 2 || ((uintptr_t)m->scales % 2) ||
+            ((uintptr_t)m->biases % 2))
             return false;
     }
     const int K = W->cols;
