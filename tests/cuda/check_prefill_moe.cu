@@ -172,13 +172,14 @@ static void bench(int T, int bm, int wg) { // wg: 0 mma, else the wgmma kernel's
 int main(int argc, char **argv) {
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
     if (argc > 2 && !strcmp(argv[1], "--bench-only")) {
-        // one prompt length, the wgmma item shapes 1 and 2 only (for profilers): no checks
+        // one prompt length, the wgmma item shapes 1 and 2, then the mma.sync kernel with 128-row
+        // tiles (for profilers and A/B runs): no checks
         const int T = atoi(argv[2]);
         if (T <= 0 || !pf_gemm_wg_available()) {
             fprintf(stderr, "usage: check_prefill_moe --bench-only T (needs the sm_90a kernel)\n");
             return 2;
         }
-        bench(T, 256, 1), bench(T, 128, 2);
+        bench(T, 256, 1), bench(T, 128, 2), bench(T, 128, 0);
         return 0;
     }
     // mma.sync, automatic (wgmma: the item shape by the tile map), then each wgmma item shape

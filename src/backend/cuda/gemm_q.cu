@@ -42,7 +42,7 @@ struct bfrag {
 
 template <int BITS>
 __device__ __forceinline__ void load_b(bfrag &f, const uint8_t *wrow, const uint8_t *srow,
-                                       const uint8_t *brow, int group, int k, bool valid) {
+                                       const uint8_t *brow, int gshift, int k, bool valid) {
     constexpr int NV = BITS == 4 ? 1 : BITS == 8 ? 2 : 4;
     if (!valid) {
 #pragma unroll
@@ -54,7 +54,7 @@ __device__ __forceinline__ void load_b(bfrag &f, const uint8_t *wrow, const uint
 #pragma unroll
     for (int i = 0; i < NV; i++) f.q[i] = __ldg(p + i);
     if (BITS != 16) {
-        int g = k / group;
+        const int g = k >> gshift; // the group of k (groups are powers of two, see pf_gemm)
         f.s = __bfloat162float(reinterpret_cast<const bf16 *>(srow)[g]);
         f.b = __bfloat162float(reinterpret_cast<const bf16 *>(brow)[g]);
     }
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
     const uint8_t *wrow = w.data + expert * w.ms + nn * w.rs;
     const uint8_t *srow = w.scales ? w.scales + expert * w.sbms + nn * w.sbrs : nullptr;
     const uint8_t *brow = w.biases ? w.biases + expert * w.sbms + nn * w.sbrs : nullptr;
-    const int group = w.group;
+    const int gshift = __ffs(w.group) - 1;
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
 #pragma unroll
     for (int s = 0; s < ASTAGES - 1; s++) load_a(kt0 + s);
     bfrag f;
-    load_b<BITS>(f, wrow, srow, brow, group, kt0 * BK + half * 32, b_ok);
+    load_b<BITS>(f, wrow, srow, brow, gshift, kt0 * BK + half * 32, b_ok);
     store_b<BITS>(f, Bs, v, half * 4);
-    if (kt0 + 1 < KT) load_b<BITS>(f, wrow, srow, brow, group, (kt0 + 1) * BK + half * 32, b_ok);
+    if (kt0 + 1 < KT) load_b<BITS>(f, wrow, srow, brow, gshift, (kt0 + 1) * BK + half * 32, b_ok);
 
     for (int kt = kt0; kt < KT; kt++) {
         cp_async_wait<ASTAGES - 2>();
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(NTHREADS, tile_cfg<BM>::MIN_BLOCKS)
         if (kt + 1 < KT) {
             store_b<BITS>(f, Bs + ((kt + 1 - kt0) & 1) * BN * BK, v, half * 4);
             if (kt + 2 < KT)
-                load_b<BITS>(f, wrow, srow, brow, group, (kt + 2) * BK + half * 32, b_ok);
+                load_b<BITS>(f, wrow, srow, brow, gshift, (kt + 2) * BK + half * 32, b_ok);
         }
         const bf16 *a_t = As + (kt % ASTAGES) * BM * BK;
         const bf16 *b_t = Bs + ((kt - kt0) & 1) * BN * BK;
@@ -472,7 +472,9 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
                 (bm == 64 || bm == 128 || bm == 256) && lda % 8 == 0 && ((uintptr_t)A % 16) == 0 &&
                 aligned16(W->data, W->row_stride) && (W->n <= 1 || W->mat_stride % 16 == 0) &&
                 (!Wup || aligned16(Wup->data, Wup->row_stride)) && ldc % 2 == 0;
-    if (quant) fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0;
+    if (quant)
+        fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0 &&
+               (W->group & (W->group - 1)) == 0;
     p.splits = 1;
     p.part = nullptr;
     if (fast) {
