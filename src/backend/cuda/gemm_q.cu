@@ -77,7 +77,7 @@ __device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0)
             uint32_t r[4]; // r[j] = (w_j, w_{j+4}) of the 8 values in word i
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                uint32_t x = ((w[i] >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
+                uint32_t x = nib_bf16x2(w[i] >> (4 * j));
                 __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162 *>(&x);
                 hv = __hfma2(__hsub2(hv, m128), s2, b2);
                 r[j] = *reinterpret_cast<uint32_t *>(&hv);

@@ -276,9 +276,9 @@ __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t st
     const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const uint32_t y = __byte_perm(w0[j], w1[j], c.sel);  // (byte t of row r0, of row r1)
-        uint32_t lo = (y & 0x000F000Fu) | 0x43004300u;        // k = 8j + 2t of both rows
-        uint32_t hi = ((y >> 4) & 0x000F000Fu) | 0x43004300u; // k = 8j + 2t + 1
+        const uint32_t y = __byte_perm(w0[j], w1[j], c.sel); // (byte t of row r0, of row r1)
+        uint32_t lo = nib_bf16x2(y);                         // k = 8j + 2t of both rows
+        uint32_t hi = nib_bf16x2(y >> 4);                    // k = 8j + 2t + 1
         __nv_bfloat162 l2 = *reinterpret_cast<__nv_bfloat162 *>(&lo);
         __nv_bfloat162 h2 = *reinterpret_cast<__nv_bfloat162 *>(&hi);
         l2 = __hfma2(__hsub2(l2, m128), s2, b2);

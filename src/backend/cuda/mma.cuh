@@ -35,3 +35,14 @@ static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4],
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// The 4-bit dequantization's first step, (x & 0x000F000F) | 0x43004300: the low nibbles of both
+// halves as bf16 pairs (128 + q) in one LOP3 (written out because LOP3 encodes one immediate, so
+// ptxas otherwise splits it into an AND and an OR; the magic stays in a register).
+static __device__ __forceinline__ uint32_t nib_bf16x2(uint32_t x) {
+    uint32_t d;
+    asm("{\n.reg .b32 m;\nmov.b32 m, 0x43004300;\nlop3.b32 %0, %1, 0x000F000F, m, 0xEA;\n}"
+        : "=r"(d)
+        : "r"(x));
+    return d;
+}
