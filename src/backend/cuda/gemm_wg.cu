@@ -358,10 +358,13 @@ __device__ __forceinline__ void store_part(const wg_params &p, const wg_ctx<SH> 
                 }
 }
 
-// The epilogue from the accumulators (layout as in store_part).
+// The epilogue with the fewest live values (each element's address computed at its store), for
+// the two-CTA shape at its 128-register limit, where the lean epilogue below made ptxas spill
+// inside the k loop.
 template <int SH, int NT>
-__device__ __forceinline__ void epilogue(const wg_params &p, const wg_ctx<SH> &c, const item_t &cur,
-                                         float (&acc)[wg_shape<SH>::MB][NT / 2]) {
+__device__ __forceinline__ void epilogue_regs(const wg_params &p, const wg_ctx<SH> &c,
+                                              const item_t &cur,
+                                              float (&acc)[wg_shape<SH>::MB][NT / 2]) {
     constexpr int MB = wg_shape<SH>::MB, WG_ROWS = wg_shape<SH>::ROWS;
     const int t = threadIdx.x & 3;
 #pragma unroll
@@ -413,6 +416,75 @@ __device__ __forceinline__ void epilogue(const wg_params &p, const wg_ctx<SH> &c
     }
 }
 
+// The epilogue from the accumulators (layout as in store_part). Per weight-row block mb the
+// epilogue kind is tested once, the column bounds (n, n + 8 < N) are predicates and this thread's
+// two output rows per j (tokens 8j + 2t and + 1) are pointers stepped by 8 rows: the stores of a
+// K = 512 item cost about as many instructions as its k loop when every element recomputed its
+// address and re-tested the kind.
+template <int SH, int NT>
+__device__ __forceinline__ void epilogue(const wg_params &p, const wg_ctx<SH> &c, const item_t &cur,
+                                         float (&acc)[wg_shape<SH>::MB][NT / 2]) {
+    constexpr int MB = wg_shape<SH>::MB, WG_ROWS = wg_shape<SH>::ROWS;
+    const int t = threadIdx.x & 3;
+    const int lim = cur.nrows - 2 * t; // token 8j + 2t + e is in the item while 8j + e < lim
+    const size_t ld = (size_t)p.ldc, ld8 = 8 * ld;
+    const size_t row = (size_t)(cur.row0 + 2 * t) * ld;
+#pragma unroll
+    for (int mb = 0; mb < MB; mb++) {
+        const int r0 = c.r0 + 64 * mb;
+        if (p.epi == EPI_SWIGLU_BF16) {
+            // rows r0 (gate) and r0 + 8 (up) of one feature
+            const int f = cur.by * (WG_ROWS / 2) + (r0 >> 4) * 8 + (r0 & 7);
+            if (f >= p.N) continue;
+            bf16 *o = static_cast<bf16 *>(p.C) + row + f;
+#pragma unroll
+            for (int j = 0; j < NT / 8; j++, o += ld8)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    if (8 * j + e < lim)
+                        o[e * ld] =
+                            __float2bfloat16(silu_f(acc[mb][4 * j + e]) * acc[mb][4 * j + 2 + e]);
+            continue;
+        }
+        const int n = cur.by * WG_ROWS + r0; // rows n and n + 8: accumulators 4j + e and 4j + 2 + e
+        const bool ok0 = n < p.N, ok1 = n + 8 < p.N;
+        if (p.epi == EPI_BF16) {
+            bf16 *o = static_cast<bf16 *>(p.C) + row + n;
+#pragma unroll
+            for (int j = 0; j < NT / 8; j++, o += ld8)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (8 * j + e >= lim) continue;
+                    if (ok0) o[e * ld] = __float2bfloat16(acc[mb][4 * j + e]);
+                    if (ok1) o[e * ld + 8] = __float2bfloat16(acc[mb][4 * j + 2 + e]);
+                }
+            continue;
+        }
+        float *o = static_cast<float *>(p.C) + row + n;
+        if (p.epi == EPI_ADD_F32) {
+            // all reads of C before any write: the compiler cannot prove that the elements
+            // differ, so interleaved read-add-writes would each wait for a memory round trip
+            const float *q = o;
+#pragma unroll
+            for (int j = 0; j < NT / 8; j++, q += ld8)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (8 * j + e >= lim) continue;
+                    if (ok0) acc[mb][4 * j + e] += q[e * ld];
+                    if (ok1) acc[mb][4 * j + 2 + e] += q[e * ld + 8];
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < NT / 8; j++, o += ld8) // EPI_F32, EPI_ADD_F32 (added above)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                if (8 * j + e >= lim) continue;
+                if (ok0) o[e * ld] = acc[mb][4 * j + e];
+                if (ok1) o[e * ld + 8] = acc[mb][4 * j + 2 + e];
+            }
+    }
+}
+
 // One work item with an NT-wide token tile: the k loop, then the epilogue from the accumulators.
 template <int SH, int NT, bool SPLIT>
 __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c, const item_t &cur,
@@ -440,6 +512,8 @@ __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c
 
     if constexpr (SPLIT)
         store_part<SH, NT>(p, c, cur, part, acc);
+    else if constexpr (wg_shape<SH>::MIN_BLOCKS > 1)
+        epilogue_regs<SH, NT>(p, c, cur, acc);
     else
         epilogue<SH, NT>(p, c, cur, acc);
 }
