@@ -332,30 +332,39 @@ __device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<SH> &c, 
 
 // Split along K: this part's raw sums, gate and up (if any) side by side (gemm_split.cu adds the
 // parts and applies the epilogue). acc[mb][4j + 2h + e]: weight row r0 + 64 mb + 8h of the item,
-// token 8j + 2t + e of the tile.
+// token 8j + 2t + e of the tile. Addressed as the epilogue is: the two columns of a row block
+// computed once, the thread's two rows per j as a pointer stepped by 8 rows.
 template <int SH, int NT>
 __device__ __forceinline__ void store_part(const wg_params &p, const wg_ctx<SH> &c,
                                            const item_t &cur, int part,
                                            float (&acc)[wg_shape<SH>::MB][NT / 2]) {
     constexpr int MB = wg_shape<SH>::MB;
     const int t = threadIdx.x & 3;
-    const int ldp = p.epi == EPI_SWIGLU_BF16 ? 2 * p.N : p.N;
-    float *P = p.part + (size_t)part * p.M * ldp;
+    const int lim = cur.nrows - 2 * t; // token 8j + 2t + e is in the item while 8j + e < lim
+    const size_t ldp = p.epi == EPI_SWIGLU_BF16 ? 2 * (size_t)p.N : (size_t)p.N, ld8 = 8 * ldp;
+    float *const P = p.part + (size_t)part * p.M * ldp + (size_t)(cur.row0 + 2 * t) * ldp;
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++)
+    for (int mb = 0; mb < MB; mb++) {
+        int col[2];
+        bool ok[2];
 #pragma unroll
-        for (int j = 0; j < NT / 8; j++)
+        for (int h = 0; h < 2; h++) {
+            int m;
+            const int n = row_of<SH>(p, cur.by, c.r0 + 64 * mb + 8 * h, m);
+            ok[h] = n < p.N;
+            col[h] = m * p.N + n;
+        }
+        float *o = P;
 #pragma unroll
-            for (int e = 0; e < 2; e++)
+        for (int j = 0; j < NT / 8; j++, o += ld8)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int tok = 8 * j + 2 * t + e;
-                    int m;
-                    const int n = row_of<SH>(p, cur.by, c.r0 + 64 * mb + 8 * h, m);
-                    if (tok < cur.nrows && n < p.N)
-                        P[(size_t)(cur.row0 + tok) * ldp + m * p.N + n] =
-                            acc[mb][4 * j + 2 * h + e];
-                }
+            for (int e = 0; e < 2; e++) {
+                if (8 * j + e >= lim) continue;
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    if (ok[h]) o[e * ldp + col[h]] = acc[mb][4 * j + 2 * h + e];
+            }
+    }
 }
 
 // The epilogue with the fewest live values (each element's address computed at its store), for
