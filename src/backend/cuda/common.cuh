@@ -30,6 +30,16 @@ extern "C" {
 // After a kernel launch: reports launch-configuration errors (not asynchronous faults).
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
+// Host-side shape helpers of the launchers (group sizes and chunk counts are powers of two).
+static inline bool pow2(int v) {
+    return v > 0 && (v & (v - 1)) == 0;
+}
+static inline int log2i(int v) { // the smallest s with 2^s >= v
+    int s = 0;
+    while ((1 << s) < v) s++;
+    return s;
+}
+
 static __host__ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
 #ifdef __CUDA_ARCH__
     return __uint_as_float((uint32_t)h << 16);

@@ -473,8 +473,7 @@ int pf_gemm(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat *W,
                 aligned16(W->data, W->row_stride) && (W->n <= 1 || W->mat_stride % 16 == 0) &&
                 (!Wup || aligned16(Wup->data, Wup->row_stride)) && ldc % 2 == 0;
     if (quant)
-        fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0 &&
-               (W->group & (W->group - 1)) == 0;
+        fast = fast && (W->bits == 4 || W->bits == 8) && W->group % 32 == 0 && pow2(W->group);
     p.splits = 1;
     p.part = nullptr;
     if (fast) {

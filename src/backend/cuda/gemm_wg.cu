@@ -670,7 +670,7 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
     if (!pf_gemm_wg_available()) return false;
     const struct dmat *ms[2] = {W, Wup ? Wup : W};
     for (const struct dmat *m : ms) {
-        if (m->type != WT_Q4 || m->bits != 4 || m->group < 64 || (m->group & (m->group - 1)) ||
+        if (m->type != WT_Q4 || m->bits != 4 || m->group < 64 || !pow2(m->group) ||
             m->cols != W->cols || m->rows != W->rows || ((uintptr_t)m->data % 16) ||
             m->row_stride % 16 || (m->n > 1 && m->mat_stride % 16) || !m->scales || !m->biases ||
             m->sb_row_stride % 2 || m->sb_mat_stride % 2 || ((uintptr_t)m->scales % 2) ||

@@ -5,16 +5,6 @@
 #pragma once
 #include "backend/cuda/gemv_dev.cuh"
 
-// Host-side shape helpers of the launchers (group sizes and chunk counts are powers of two).
-static inline bool pow2(int v) {
-    return v > 0 && (v & (v - 1)) == 0;
-}
-static inline int log2i(int v) { // the smallest s with 2^s >= v
-    int s = 0;
-    while ((1 << s) < v) s++;
-    return s;
-}
-
 #define QG_THREADS       256
 #define QG_WARPS         (QG_THREADS / 32)
 #define QG_R             2 // rows per warp step (finish() takes two totals)
