@@ -118,10 +118,13 @@ int main(int argc, char **argv) {
     pf_gemm_set_split_ws(split_ws, split_bytes);
     // 0: automatic (wgmma where it fits, split along K where few CTAs); 1: mma.sync; 2: wgmma with
     // 256-row work items; 3: the small-M kernel; 4 / 5: mma.sync / wgmma split in 3 parts;
-    // 6: wgmma split in 16 parts (or one per k-tile); 7: wgmma items of 256 rows x 32 tokens
-    for (int path : {1, 0, 2, 3, 4, 5, 6, 7}) {
+    // 6: wgmma split in 16 parts (or one per k-tile); 7: wgmma items of 256 rows x 32 tokens;
+    // 8 / 9: wgmma with 2 / 4 weight-row blocks per CTA (where N and K allow, else 1); 10: wgmma
+    // items of 128 rows x 128 tokens, two CTAs per SM
+    for (int path : {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
         pf_gemm_force_path(path == 1 || path == 4 ? 1 : 0);
-        pf_gemm_wg_shape(path == 2 ? 2 : path == 7 ? 3 : 0);
+        pf_gemm_wg_shape(path == 2 ? 2 : path == 7 ? 3 : path == 10 ? 4 : 0);
+        pf_gemm_wg_blocks(path == 8 ? 2 : path == 9 ? 4 : 0);
         pf_gemm_small_force(path == 3 ? 2 : 1);
         pf_gemm_split_force(path == 0 ? 0 : path == 4 || path == 5 ? 3 : path == 6 ? 16 : 1);
         g_exact = path == 3;
@@ -132,7 +135,10 @@ int main(int argc, char **argv) {
                  : path == 4 ? " [mma split 3]"
                  : path == 5 ? " [wgmma split 3]"
                  : path == 6 ? " [wgmma split 16]"
-                             : " [wgmma s3]";
+                 : path == 7 ? " [wgmma s3]"
+                 : path == 8 ? " [wgmma nb2]"
+                 : path == 9 ? " [wgmma nb4]"
+                             : " [wgmma s4]";
         check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
         check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
         check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
@@ -158,9 +164,16 @@ int main(int argc, char **argv) {
         check_case("q4 g64 swiglu K=2048", WT_Q4, 64, 300, 512, 2048, EPI_SWIGLU_BF16);
         check_case("q4 g128 f32 K=640", WT_Q4, 128, 70, 64, 640, EPI_F32);
         check_case("q4 g64 f32 K=576 (odd k-tiles)", WT_Q4, 64, 33, 192, 576, EPI_F32);
+        // whole 128-row blocks (SwiGLU: 64 features) and power-of-two k-tiles: several blocks
+        // per CTA on paths 8 and 9
+        check_case("q4 g64 f32 N=512 K=512", WT_Q4, 64, 300, 512, 512, EPI_F32);
+        check_case("q4 g64 add N=1024 K=1024", WT_Q4, 64, 77, 1024, 1024, EPI_ADD_F32);
+        check_case("q4 g128 bf16 N=256 K=1024", WT_Q4, 128, 260, 256, 1024, EPI_BF16);
+        check_case("q4 g64 swiglu N=256 K=512", WT_Q4, 64, 40, 256, 512, EPI_SWIGLU_BF16);
     }
     pf_gemm_force_path(0);
     pf_gemm_wg_shape(0);
+    pf_gemm_wg_blocks(0);
     pf_gemm_small_force(0);
     pf_gemm_split_force(0);
     g_exact = false;

@@ -32,6 +32,15 @@ static moe_dev alloc_moe(int T, int E, int k, int H, int I, int bm) {
     return m;
 }
 
+static void free_moe(moe_dev &m) {
+    for (void *q :
+         {(void *)m.rb.topk_id, (void *)m.rb.topk_w, (void *)m.rb.counts, (void *)m.rb.offsets,
+          (void *)m.rb.cursor, (void *)m.rb.sorted_tok, (void *)m.rb.slot, (void *)m.rb.tiles,
+          (void *)m.rb.n_tiles, (void *)m.y, (void *)m.h, (void *)m.logits, (void *)m.x,
+          (void *)m.A, (void *)m.sh, (void *)m.shg})
+        CK(cudaFree(q));
+}
+
 static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int I, int bm,
                     const tmat &G, const tmat &U, const tmat &D, bool with_shared) {
     OK(pf_moe_route(s, m.logits, T, E, k, true, bm, &m.rb, ERR));
@@ -43,10 +52,39 @@ static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int 
                       m.shg, ERR));
 }
 
-static const char *g_path = "";
+// The GPU paths every configuration runs: mma.sync, automatic (wgmma: the item shape by the tile
+// map), shapes 1-3, shape 1 with 2 and 4 weight-row blocks per CTA (where the shapes allow it),
+// shape 4. PF_CHECK_PATHS=a,b,... runs only those (ids below).
+static const int PATHS[] = {-1, 0, 1, 2, 3, 4, 5, 6};
+static const char *set_path(int path) {
+    pf_gemm_force_path(path == -1 ? 1 : 0);
+    pf_gemm_wg_shape(path < 0 ? 0 : path == 6 ? 4 : path > 3 ? 1 : path);
+    pf_gemm_wg_blocks(path == 4 ? 2 : path == 5 ? 4 : 0);
+    return path == -1  ? " [mma]"
+           : path == 0 ? " [auto]"
+           : path == 1 ? " [r128]"
+           : path == 2 ? " [r256]"
+           : path == 3 ? " [r256 t32]"
+           : path == 4 ? " [r128 nb2]"
+           : path == 5 ? " [r128 nb4]"
+                       : " [r128 t128 2cta]";
+}
 
-static void check(int T, int E, int k, int H, int I, int bm) {
-    if (bm > pf_gemm_wg_tokens() && pf_gemm_wg_available()) bm = pf_gemm_wg_tokens();
+static bool path_selected(int path) {
+    const char *only = getenv("PF_CHECK_PATHS");
+    if (!only) return true;
+    char key[8];
+    snprintf(key, sizeof key, "%d", path);
+    for (const char *q = only; *q;) {
+        const size_t n = strcspn(q, ",");
+        if (n == strlen(key) && !strncmp(q, key, n)) return true;
+        q += n + (q[n] == ',');
+    }
+    return false;
+}
+
+// One configuration: random uneven routing, the CPU reference once, then every selected path.
+static void check(int T, int E, int k, int H, int I, int bm0) {
     tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
          D = make_tmat(WT_Q4, E, H, I, 64);
     std::vector<float> logits((size_t)T * E), x0((size_t)T * H), sh((size_t)T * H), shg(2 * T);
@@ -63,20 +101,9 @@ static void check(int T, int E, int k, int H, int I, int bm) {
     for (auto &v : shg) v = rnd_n();
     std::vector<uint16_t> A = rand_bf16((size_t)T * H, 1.f);
 
-    moe_dev m = alloc_moe(T, E, k, H, I, bm);
-    m.logits = dev_upload(logits);
-    m.x = dev_upload(x0);
-    m.sh = dev_upload(sh);
-    m.shg = dev_upload(shg);
-    m.A = dev_upload(A);
-    run_moe(0, m, T, E, k, H, I, bm, G, U, D, true);
-    CK(cudaDeviceSynchronize());
-    std::vector<float> got = dev_download(m.x, (size_t)T * H);
-    std::vector<int> gid = dev_download(m.rb.topk_id, (size_t)T * k);
-
     // CPU: softmax, top-k, renormalise; experts on bf16-rounded weights and a bf16 hidden vector
     std::vector<float> ref = x0;
-    int id_mismatch = 0;
+    std::vector<int> ref_id((size_t)T * k);
     std::vector<float> h(I);
     for (int t = 0; t < T; t++) {
         const float *lr = &logits[(size_t)t * E];
@@ -91,7 +118,7 @@ static void check(int T, int E, int k, int H, int I, int bm) {
         for (int j = 0; j < k; j++) psum += p[idx[j]] / sum;
         for (int j = 0; j < k; j++) {
             int e = idx[j];
-            if (gid[(size_t)t * k + j] != e) id_mismatch++;
+            ref_id[(size_t)t * k + j] = e;
             double w = p[e] / sum / psum;
             for (int i = 0; i < I; i++) {
                 double g = 0, u = 0;
@@ -111,15 +138,38 @@ static void check(int T, int E, int k, int H, int I, int bm) {
         float sg = 1.f / (1.f + expf(-shg[2 * t]));
         for (int c = 0; c < H; c++) ref[(size_t)t * H + c] += sg * sh[(size_t)t * H + c];
     }
-    char what[160];
-    snprintf(what, sizeof what, "moe%s T=%d E=%d k=%d H=%d I=%d bm=%d (top-k ids %d/%d equal)",
-             g_path, T, E, k, H, I, bm, T * k - id_mismatch, T * k);
     // compare the MoE contribution (out - x0), not the residual that dominates it
-    for (size_t i = 0; i < got.size(); i++) got[i] -= x0[i], ref[i] -= x0[i];
-    report(what, id_mismatch ? INFINITY : rel_l2(got.data(), ref.data(), got.size()), 2e-3);
+    for (size_t i = 0; i < ref.size(); i++) ref[i] -= x0[i];
+
+    for (int path : PATHS) {
+        if (!path_selected(path)) continue;
+        const char *name = set_path(path);
+        int bm = bm0;
+        if (bm > pf_gemm_wg_tokens() && pf_gemm_wg_available()) bm = pf_gemm_wg_tokens();
+        moe_dev m = alloc_moe(T, E, k, H, I, bm);
+        m.logits = dev_upload(logits);
+        m.x = dev_upload(x0);
+        m.sh = dev_upload(sh);
+        m.shg = dev_upload(shg);
+        m.A = dev_upload(A);
+        run_moe(0, m, T, E, k, H, I, bm, G, U, D, true);
+        CK(cudaDeviceSynchronize());
+        std::vector<float> got = dev_download(m.x, (size_t)T * H);
+        std::vector<int> gid = dev_download(m.rb.topk_id, (size_t)T * k);
+        int id_mismatch = 0;
+        for (size_t i = 0; i < gid.size(); i++) id_mismatch += gid[i] != ref_id[i];
+        char what[160];
+        snprintf(what, sizeof what, "moe%s T=%d E=%d k=%d H=%d I=%d bm=%d (top-k ids %d/%d equal)",
+                 name, T, E, k, H, I, bm, T * k - id_mismatch, T * k);
+        for (size_t i = 0; i < got.size(); i++) got[i] -= x0[i];
+        report(what, id_mismatch ? INFINITY : rel_l2(got.data(), ref.data(), got.size()), 2e-3);
+        free_moe(m);
+    }
+    set_path(0);
 }
 
-static void bench(int T, int bm, int wg) { // wg: 0 mma, else the wgmma kernel's item shape
+// wg: 0 mma, else the wgmma kernel's item shape; nb: its weight-row blocks per CTA (0: automatic)
+static void bench(int T, int bm, int wg, int nb = 0) {
     const int E = 256, k = 8, H = 2048, I = 512;
     static tmat G = make_tmat(WT_Q4, E, I, H, 64), U = make_tmat(WT_Q4, E, I, H, 64),
                 D = make_tmat(WT_Q4, E, H, I, 64);
@@ -127,6 +177,7 @@ static void bench(int T, int bm, int wg) { // wg: 0 mma, else the wgmma kernel's
     for (auto &v : logits) v = rnd_n();
     pf_gemm_force_path(wg ? 0 : 1);
     pf_gemm_wg_shape(wg);
+    pf_gemm_wg_blocks(nb);
     moe_dev m = alloc_moe(T, E, k, H, I, bm);
     m.logits = dev_upload(logits);
     m.x = dev_poison<float>((size_t)T * H);
@@ -153,54 +204,46 @@ static void bench(int T, int bm, int wg) { // wg: 0 mma, else the wgmma kernel's
     double f_gu = 2.0 * T * k * 2 * I * H, f_down = 2.0 * T * k * H * I;
     pf_gemm_force_path(0);
     pf_gemm_wg_shape(0);
-    for (void *q : {(void *)m.rb.topk_id, (void *)m.rb.topk_w, (void *)m.rb.counts,
-                    (void *)m.rb.offsets, (void *)m.rb.cursor, (void *)m.rb.sorted_tok,
-                    (void *)m.rb.slot, (void *)m.rb.tiles, (void *)m.rb.n_tiles, (void *)m.y,
-                    (void *)m.h, (void *)m.logits, (void *)m.x, (void *)m.A})
-        CK(cudaFree(q));
-    printf(
-        "bench moe %-10s T=%6d bm=%3d: route %.3f ms, gate+up %.3f ms (%.0f TFLOP/s), down %.3f ms "
-        "(%.0f TFLOP/s), experts %.0f TFLOP/s\n",
-        wg == 1   ? "wgmma"
-        : wg == 2 ? "wgmma r256"
-        : wg == 3 ? "wgmma s3"
-                  : "mma",
-        T, bm, t_route, t_gu, f_gu / t_gu / 1e9, t_down, f_down / t_down / 1e9,
-        (f_gu + f_down) / (t_gu + t_down) / 1e9);
+    pf_gemm_wg_blocks(0);
+    free_moe(m);
+    printf("bench moe %-10s nb=%d T=%6d bm=%3d: route %.3f ms, gate+up %.3f ms (%.0f TFLOP/s), "
+           "down %.3f ms "
+           "(%.0f TFLOP/s), experts %.0f TFLOP/s\n",
+           wg == 1   ? "wgmma"
+           : wg == 2 ? "wgmma r256"
+           : wg == 3 ? "wgmma s3"
+           : wg == 4 ? "wgmma s4"
+                     : "mma",
+           nb, T, bm, t_route, t_gu, f_gu / t_gu / 1e9, t_down, f_down / t_down / 1e9,
+           (f_gu + f_down) / (t_gu + t_down) / 1e9);
 }
 
 int main(int argc, char **argv) {
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
     if (argc > 2 && !strcmp(argv[1], "--bench-only")) {
-        // one prompt length, the wgmma item shapes 1 and 2, then the mma.sync kernel with 128-row
-        // tiles (for profilers and A/B runs): no checks
+        // one prompt length, the wgmma item shapes 1 (weight-row blocks per CTA automatic, then 1,
+        // 2 and 4), 2, 4 and (up to 2K tokens) 3, then the mma.sync kernel with 128-row tiles (for
+        // profilers and A/B runs): no checks
         const int T = atoi(argv[2]);
         if (T <= 0 || !pf_gemm_wg_available()) {
             fprintf(stderr, "usage: check_prefill_moe --bench-only T (needs the sm_90a kernel)\n");
             return 2;
         }
-        bench(T, 256, 1), bench(T, 128, 2), bench(T, 128, 0);
+        bench(T, 256, 1);
+        for (int nb : {1, 2, 4}) bench(T, 256, 1, nb);
+        bench(T, 128, 2), bench(T, 128, 4);
+        if (T <= 2048) bench(T, 32, 3);
+        bench(T, 128, 0);
         return 0;
     }
-    // mma.sync, automatic (wgmma: the item shape by the tile map), then each wgmma item shape
-    for (int path : {-1, 0, 1, 2, 3}) {
-        pf_gemm_force_path(path == -1 ? 1 : 0);
-        pf_gemm_wg_shape(path < 0 ? 0 : path);
-        g_path = path == -1  ? " [mma]"
-                 : path == 0 ? " [auto]"
-                 : path == 1 ? " [r128]"
-                 : path == 2 ? " [r256]"
-                             : " [r256 t32]";
-        check(200, 16, 4, 256, 128, 32); // tiles of <= 32 rows: wgmma item shape 3
-        check(200, 16, 4, 256, 128, 64);
-        check(200, 16, 4, 256, 128, 128);
-        check(300, 8, 4, 256, 128, 256); // the hot expert: 256 + 44 rows
-        check(37, 24, 8, 128, 64, 64);
-        check(1, 16, 4, 128, 64, 128);
-        check(96, 16, 8, 2048, 512, 256); // the 35B expert shapes (K = 2048 and 512)
-    }
-    pf_gemm_force_path(0);
-    pf_gemm_wg_shape(0);
+    check(200, 16, 4, 256, 128, 32); // tiles of <= 32 rows: wgmma item shape 3
+    check(200, 16, 4, 256, 128, 64);
+    check(200, 16, 4, 256, 128, 128);
+    check(300, 8, 4, 256, 128, 256); // the hot expert: 256 + 44 rows
+    check(37, 24, 8, 128, 64, 64);
+    check(1, 16, 4, 128, 64, 128);
+    check(96, 16, 8, 2048, 512, 256); // the 35B expert shapes (K = 2048 and 512)
+    check(150, 8, 2, 1024, 512, 256); // 8 blocks of both GEMMs (4 k-tiles per group of 2)
     if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
         // PF_BENCH_TMAX: skip longer prompts (quick comparisons)
         const int tmax = getenv("PF_BENCH_TMAX") ? atoi(getenv("PF_BENCH_TMAX")) : 1 << 30;
@@ -208,7 +251,7 @@ int main(int argc, char **argv) {
             if (T > tmax) break;
             for (int bm : {64, 128, 256})
                 if (T * 8 / 256 >= bm / 4 && T * 8 / 256 <= bm * 8) bench(T, bm, 0);
-            if (pf_gemm_wg_available()) bench(T, 256, 1), bench(T, 128, 2);
+            if (pf_gemm_wg_available()) bench(T, 256, 1), bench(T, 128, 2), bench(T, 128, 4);
             if (pf_gemm_wg_available() && T <= 2048) bench(T, 32, 3);
         }
     }

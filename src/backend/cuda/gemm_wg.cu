@@ -10,19 +10,21 @@
 // Block (one work item): 2 warpgroups x 64 weight rows = 128 rows (64 SwiGLU features: gate and up
 // rows interleaved by 8, as in gemm_q.cu), times up to 256 tokens; the wgmma N (tokens) is picked
 // per block from its row count in steps of 32, so an expert with 140 rows runs one 160-wide tile
-// instead of two 128-row tiles. A second item shape (MB = 2) gives each warpgroup two m64 blocks:
-// 256 weight rows x up to 128 tokens, for experts with few rows. Activation and packed-weight tiles
-// arrive by cp.async in a 5-stage ring; the group scales/biases of the block's rows for the whole
-// K are staged once, with the first tile. One CTA per SM (213 KB of shared memory at K = 4096;
-// 208 / 249 registers per thread for item shapes 1 / 2).
+// instead of two 128-row tiles. Other item shapes (wg_shape) serve experts with fewer rows: two
+// CTAs per SM with up to 128 or 32 tokens. Activation and packed-weight tiles arrive by cp.async in
+// a ring of stages; the group scales/biases of the block's rows for the whole K are staged once,
+// with the first tile. A CTA of the 256-token shape may run several weight-row blocks of its token
+// tile in one k loop (blocks_per_cta), so that their loads overlap. One CTA per SM for that shape
+// (up to 213 KB of shared memory; 208 registers per thread, 243 with several blocks).
 #include "backend/cuda/gemm_args.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/wgmma_rs.cuh"
 
 namespace {
 
-constexpr int WG_THREADS = 256; // two warpgroups
-constexpr int MAX_GROUPS = 64;  // K / group: scales + biases of 256 rows take 64 KB at most
+constexpr int WG_THREADS = 256;         // two warpgroups
+constexpr int MAX_GROUPS = 64;          // K / group: scales + biases of 256 rows take 64 KB at most
+constexpr int WG_SMEM_MAX = 227 * 1024; // shared memory per block on sm_90 (the only target)
 
 // Work-item shapes (SH): MB m64 blocks of weight rows per warpgroup, up to TOK tokens, a ring of
 // STAGES k-tiles in shared memory with loads DIST tiles ahead, MIN_BLOCKS CTAs per SM. SH 1: 128
@@ -30,20 +32,30 @@ constexpr int MAX_GROUPS = 64;  // K / group: scales + biases of 256 rows take 6
 // FLOP, twice the weight bytes; the same accumulator registers); SH 3: 256 rows x up to 32 tokens,
 // two CTAs per SM (at most 128 registers, 93 KB of shared memory at K = 2048), for experts with a
 // few rows each (short prompts): there a k-tile is a latency-bound chain (barrier, dequantize,
-// retire the previous wgmma group, issue) and a second CTA runs its chain beside it.
+// retire the previous wgmma group, issue) and a second CTA runs its chain beside it. SH 4: 128
+// rows x up to 128 tokens, two CTAs per SM the same way (128 registers, a ring of 4 stages: 97 KB
+// at K = 2048), for 25-111 rows per expert (prompts of ~800 to ~3.5K tokens). SH 2 is slower than
+// SH 4 wherever measured and stays as a test hook.
 template <int SH> struct wg_shape {
-    static constexpr int MB = SH == 1 ? 1 : 2;
+    static constexpr int MB = SH == 1 || SH == 4 ? 1 : 2;
     static constexpr int ROWS = 128 * MB;                          // weight rows per work item
-    static constexpr int TOK = SH == 1 ? 256 : SH == 2 ? 128 : 32; // tokens per work item at most
-    static constexpr int MIN_BLOCKS = SH == 3 ? 2 : 1;
+    static constexpr int TOK = SH == 1 ? 256 : SH == 3 ? 32 : 128; // tokens per work item at most
+    static constexpr int MIN_BLOCKS = SH >= 3 ? 2 : 1;
     static constexpr int ACT = TOK * 128;         // [TOK][64 k] bf16
     static constexpr int STAGE = ACT + ROWS * 32; // + [ROWS][64 k] 4-bit
-    static constexpr int STAGES = 5;
+    static constexpr int STAGES = SH == 4 ? 4 : 5;
     // A stage is overwritten two tiles after it was read (every warpgroup has then retired that
     // tile's wgmma group, see k_tile), so loads run STAGES - 2 tiles ahead.
     static constexpr int DIST = STAGES - 2;
     static_assert(DIST >= 1 && STAGE % 1024 == 0, "a ring of 1024-byte aligned stages");
 };
+
+// Kernel modes: one weight-row block per CTA; a dense GEMM split along K (gemm_split.cu); several
+// weight-row blocks per CTA (wg_params::nb > 1, item shape 1). Each is its own instantiation:
+// the split kernel's k loop then starts at a known 0 in the others (one kernel for both cost the
+// K = 512 GEMMs 1-12%), and the one-block kernel keeps its k loop free of the block arithmetic
+// (with it, ptxas reloaded kernel parameters inside the 256-token k loop).
+enum { WG_ONE, WG_SPLIT, WG_MULTI };
 
 // The group size of both matrices is w[0].group (pf_gemm checks that SwiGLU's gate and up agree).
 struct wg_params : gemm_in {
@@ -54,6 +66,15 @@ struct wg_params : gemm_in {
     int ny;     // work items per row tile (weight-row blocks)
     int splits; // K parts (dense mode only, gemm_split.cu): > 1 writes raw sums to part
     float *part;
+    // A CTA runs nb consecutive weight-row blocks of one token tile (ny % nb == 0; nb > 1 only
+    // where every block is whole and gate/up strides agree): one k loop over nb * KT tiles, so
+    // the next block's first tiles load while this one computes. wbs / sbbs: bytes from a block's
+    // packed weights / scale rows to the next block's; sb_slot: bytes between the two scale slots.
+    int nb, nyb;       // nyb = ny / nb
+    int kshift, kmask; // nb > 1: K / 64 == 1 << kshift, kmask = K / 64 - 1
+    uint32_t wbs;      // (nb * wbs < 2^31: checked)
+    size_t sbbs;
+    int sb_slot;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -98,12 +119,14 @@ struct item_t {
     int expert, row0, nrows, by;
 };
 
-template <int SH>
+template <int SH, bool MULTI>
 __device__ __forceinline__ bool get_item(const wg_params &p, int n_mtiles, int item, item_t &it) {
     constexpr int WG_TOK = wg_shape<SH>::TOK;
-    const int mt = item / p.ny;
+    // several blocks per CTA: the item is the first of its nb blocks
+    const int nyb = MULTI ? p.nyb : p.ny, mt = item / nyb;
     if (mt >= n_mtiles) return false;
-    it.by = item - mt * p.ny;
+    it.by = item - mt * nyb;
+    if (MULTI) it.by *= p.nb;
     if (p.tiles) {
         it.expert = p.tiles[3 * mt];
         it.row0 = p.tiles[3 * mt + 1];
@@ -176,19 +199,34 @@ __device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<SH> &c, c
     }
 }
 
-// Tile kt into the stage at shared address st. NT > 0 (the k loop): the NT / 32 activation
-// chunks of a thread unconditionally (rows past the item's repeat its last row, so the copies stay
-// in bounds, and their columns are never stored), which keeps branches and their address
-// arithmetic out of the loop; NT = 0 (the prologue): only the chunks of the item's rows.
+// Tile kt into the stage at shared address st, its packed weights at byte offset wo from the
+// thread's k-tile 0 chunks (kt * 32, plus the weight-row block's offset). NT > 0 (the k loop): the
+// NT / 32 activation chunks of a thread unconditionally (rows past the item's repeat its last row,
+// so the copies stay in bounds, and their columns are never stored), which keeps branches and their
+// address arithmetic out of the loop; NT = 0 (the prologue): only the chunks of the item's rows.
 template <int SH, int NT>
-__device__ __forceinline__ void load_tile(const wg_ctx<SH> &c, int kt, uint32_t st) {
+__device__ __forceinline__ void load_tile(const wg_ctx<SH> &c, int kt, uint32_t wo, uint32_t st) {
     constexpr int MB = wg_shape<SH>::MB;
 #pragma unroll
     for (int i = 0; i < (NT ? NT : wg_shape<SH>::TOK) / 32; i++)
         if (NT || i < c.n_act) cp_async16_s(st + c.act_st + i * 32 * 128, c.a_src[i] + kt * 64);
 #pragma unroll
     for (int i = 0; i < MB; i++)
-        if (c.wq_ok[i]) cp_async16_s(st + wg_shape<SH>::ACT + c.wq_st[i], c.wq[i] + kt * 32);
+        if (c.wq_ok[i]) cp_async16_s(st + wg_shape<SH>::ACT + c.wq_st[i], c.wq[i] + wo);
+}
+
+// The scale and bias rows of the weight-row block at byte offset off (from the item's first) into
+// the slot at shared address dst, by cp.async (p.sb_async).
+template <int SH>
+__device__ __forceinline__ void stage_sb(const wg_ctx<SH> &c, size_t off, uint32_t dst) {
+#pragma unroll
+    for (int i = 0; i < wg_shape<SH>::MB; i++) {
+        if (!c.sb_ok[i]) continue;
+        const int idx = threadIdx.x + WG_THREADS * i; // (scale rows, then bias rows) x ng * 2 bytes
+        const uint32_t d = dst + idx * c.ng * 2;
+        for (int ch = 0; ch < c.ng / 8; ch++)
+            cp_async16_s(d + ch * 16, c.sb_src[i] + off + ch * 16);
+    }
 }
 
 // First DIST tiles of an item and its scales/biases (with tile 0). The caller has made sure no
@@ -196,17 +234,10 @@ __device__ __forceinline__ void load_tile(const wg_ctx<SH> &c, int kt, uint32_t 
 template <int SH>
 __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<SH> &c, const item_t &it,
                                          int kt0, int kt1) {
-    constexpr int MB = wg_shape<SH>::MB, WG_ROWS = wg_shape<SH>::ROWS;
+    constexpr int WG_ROWS = wg_shape<SH>::ROWS;
     const int tid = threadIdx.x;
     if (p.sb_async) {
-#pragma unroll
-        for (int i = 0; i < MB; i++) {
-            if (!c.sb_ok[i]) continue;
-            const int idx = tid + WG_THREADS * i; // (scale rows, then bias rows) x ng * 2 bytes
-            const uint32_t dst = c.sbuf + idx * c.ng * 2;
-            for (int ch = 0; ch < c.ng / 8; ch++)
-                cp_async16_s(dst + ch * 16, c.sb_src[i] + ch * 16);
-        }
+        stage_sb<SH>(c, 0, c.sbuf);
     } else { // odd shapes (tests): plain loads
         for (int i = tid; i < c.ng * WG_ROWS; i += WG_THREADS) {
             const int v = i / c.ng, gi = i % c.ng;
@@ -226,7 +257,7 @@ __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<SH> &c
 #pragma unroll
     for (int s = 0; s < wg_shape<SH>::DIST; s++) {
         if (kt0 + s < kt1)
-            load_tile<SH, 0>(c, kt0 + s,
+            load_tile<SH, 0>(c, kt0 + s, (kt0 + s) * 32,
                              c.smem + (uint32_t)((kt0 + s) % wg_shape<SH>::STAGES) *
                                           wg_shape<SH>::STAGE);
         cp_async_commit();
@@ -246,8 +277,8 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
 // trick builds 128 + q as bf16 pairs, one subtract (exact) and one bf16x2 FMA per pair apply the
 // rows' scales and biases (rounded once, as the reference's f32 FMA rounded to bf16).
 template <int SH>
-__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t stage, int mb,
-                                        uint32_t (&a)[16]) {
+__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t stage, uint32_t sbuf,
+                                        int mb, uint32_t (&a)[16]) {
     constexpr int WG_ROWS = wg_shape<SH>::ROWS;
     const uint32_t st = stage + wg_shape<SH>::ACT;
     uint32_t w0[8], w1[8];
@@ -267,7 +298,7 @@ __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t st
                  : "=r"(w1[4]), "=r"(w1[5]), "=r"(w1[6]), "=r"(w1[7])
                  : "r"(st + r1 * 32 + (16 ^ x0)));
     const int g = kt >> c.gsh;
-    const uint32_t sa = c.sbuf + (r0 * c.ng + g) * 2, sb = sa + 8 * c.ng * 2,
+    const uint32_t sa = sbuf + (r0 * c.ng + g) * 2, sb = sa + 8 * c.ng * 2,
                    ba = sa + WG_ROWS * c.ng * 2, bb = sb + WG_ROWS * c.ng * 2;
     const uint32_t s2u = __byte_perm(lds_u16(sa), lds_u16(sb), 0x5410);
     const uint32_t b2u = __byte_perm(lds_u16(ba), lds_u16(bb), 0x5410);
@@ -297,11 +328,13 @@ __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t st
 // those, issue 4 wgmmas. Retiring with wait_group 0 right before the issue (not wait_group 1 at the
 // top) is what lets ptxas see that no in-flight wgmma reads `a`; otherwise it serializes every
 // wgmma (C7513).
-// sc: the stage index of tile kt (kt % STAGES), advanced here (no division in the loop).
-template <int SH, int NT>
-__device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<SH> &c, int kt, int KT,
-                                       int &sc, uint32_t (&a)[wg_shape<SH>::MB][16],
-                                       float (&acc)[wg_shape<SH>::MB][NT / 2]) {
+// sc: the stage index of tile kt (kt % STAGES), advanced here (no division in the loop). lg: the
+// tile to load, counted over the CTA's weight-row blocks (MULTI: block lg >> kshift, k-tile
+// lg & kmask; else k-tile lg), loaded while lg < lend. sb: the scale slot of the block computed.
+template <int SH, int NT, bool MULTI>
+__device__ __forceinline__ void
+k_tile(const wg_params &p, const wg_ctx<SH> &c, int kt, int lg, int lend, int &sc, uint32_t sb,
+       uint32_t (&a)[wg_shape<SH>::MB][16], float (&acc)[wg_shape<SH>::MB][NT / 2]) {
     constexpr int MB = wg_shape<SH>::MB, STAGES = wg_shape<SH>::STAGES, DIST = wg_shape<SH>::DIST;
     const uint32_t st = c.smem + (uint32_t)sc * wg_shape<SH>::STAGE;
     const int sl = sc + DIST < STAGES ? sc + DIST : sc + DIST - STAGES;
@@ -310,11 +343,18 @@ __device__ __forceinline__ void k_tile(const wg_params &p, const wg_ctx<SH> &c, 
     fence_proxy_async();
     // Both warpgroups have retired tile kt - 2 (at their previous tile), so its stage is free.
     __syncthreads();
-    if (kt + DIST < KT)
-        load_tile<SH, NT>(c, kt + DIST, c.smem + (uint32_t)sl * wg_shape<SH>::STAGE);
+    if (lg < lend) {
+        const uint32_t dst = c.smem + (uint32_t)sl * wg_shape<SH>::STAGE;
+        if constexpr (MULTI) {
+            const int lk = lg & p.kmask;
+            load_tile<SH, NT>(c, lk, (uint32_t)(lg >> p.kshift) * p.wbs + lk * 32, dst);
+        } else {
+            load_tile<SH, NT>(c, lg, lg * 32, dst);
+        }
+    }
     cp_async_commit(); // (empty near the end: keeps the group count uniform)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, st, mb, a[mb]);
+    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, st, sb, mb, a[mb]);
     // descriptors too are wgmma inputs: define them before the fence
     const uint64_t d0 = act_desc(st);
     wg_wait<0>();
@@ -494,37 +534,56 @@ __device__ __forceinline__ void epilogue(const wg_params &p, const wg_ctx<SH> &c
     }
 }
 
-// One work item with an NT-wide token tile: the k loop, then the epilogue from the accumulators.
-template <int SH, int NT, bool SPLIT>
+// One work item with an NT-wide token tile: for each of its weight-row blocks the k loop, then
+// the epilogue from the accumulators.
+template <int SH, int NT, int MODE>
 __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c, const item_t &cur,
                                          int kt0, int kt1, int part) {
-    constexpr int MB = wg_shape<SH>::MB;
+    constexpr int MB = wg_shape<SH>::MB, DIST = wg_shape<SH>::DIST;
+    constexpr bool SPLIT = MODE == WG_SPLIT, MULTI = MODE == WG_MULTI;
+    const int nb = MULTI ? p.nb : 1;
+    const int lend = MULTI ? nb * kt1 : kt1; // (MULTI: kt0 = 0, kt1 = K / 64)
+    int sc = kt0 % wg_shape<SH>::STAGES;
     float acc[MB][NT / 2];
-#pragma unroll
-    for (int mb = 0; mb < MB; mb++)
-#pragma unroll
-        for (int i = 0; i < NT / 2; i++) acc[mb][i] = 0.f;
     uint32_t a0[MB][16], a1[MB][16];
+    for (int b = 0; b < nb; b++) {
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
-    // Register sets alternate strictly (no path reaches a set while its own wgmmas may still be
-    // in flight, or ptxas serializes): pairs of tiles, then the odd last one.
-    int kt = kt0, sc = kt0 % wg_shape<SH>::STAGES;
-    for (; kt + 1 < kt1; kt += 2) {
-        k_tile<SH, NT>(p, c, kt, kt1, sc, a0, acc);
-        k_tile<SH, NT>(p, c, kt + 1, kt1, sc, a1, acc);
-    }
-    if (kt < kt1) k_tile<SH, NT>(p, c, kt, kt1, sc, a0, acc);
-    wg_wait<0>();
+        for (int mb = 0; mb < MB; mb++)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+            for (int i = 0; i < NT / 2; i++) acc[mb][i] = 0.f;
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
+        const uint32_t sb = c.sbuf + (b & 1) * p.sb_slot;
+        if (MULTI && b + 1 < nb) {
+            // the next block's scales, into the slot the previous block read: once every thread
+            // is past its dequantization (no barrier needed before the first block)
+            if (b) __syncthreads();
+            stage_sb<SH>(c, (b + 1) * p.sbbs, c.sbuf + ((b + 1) & 1) * p.sb_slot);
+        }
+        const int lg0 = (MULTI ? b << p.kshift : 0) + DIST; // + kt: the tile loaded at tile kt
+        // Register sets alternate strictly (no path reaches a set while its own wgmmas may still
+        // be in flight, or ptxas serializes): pairs of tiles, then the odd last one.
+        int kt = kt0;
+        for (; kt + 1 < kt1; kt += 2) {
+            k_tile<SH, NT, MULTI>(p, c, kt, lg0 + kt, lend, sc, sb, a0, acc);
+            k_tile<SH, NT, MULTI>(p, c, kt + 1, lg0 + kt + 1, lend, sc, sb, a1, acc);
+        }
+        if (kt < kt1) k_tile<SH, NT, MULTI>(p, c, kt, lg0 + kt, lend, sc, sb, a0, acc);
+        wg_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < MB; mb++) fence_acc(acc[mb]);
 
-    if constexpr (SPLIT)
-        store_part<SH, NT>(p, c, cur, part, acc);
-    else if constexpr (wg_shape<SH>::MIN_BLOCKS > 1)
-        epilogue_regs<SH, NT>(p, c, cur, acc);
-    else
-        epilogue<SH, NT>(p, c, cur, acc);
+        if constexpr (SPLIT) {
+            store_part<SH, NT>(p, c, cur, part, acc);
+        } else {
+            item_t it = cur;
+            it.by += b;
+            if constexpr (wg_shape<SH>::MIN_BLOCKS > 1)
+                epilogue_regs<SH, NT>(p, c, it, acc);
+            else
+                epilogue<SH, NT>(p, c, it, acc);
+        }
+    }
 }
 
 #endif // WG_DEVICE
@@ -533,21 +592,21 @@ __device__ __forceinline__ void run_item(const wg_params &p, const wg_ctx<SH> &c
 // read on the device and surplus CTAs exit at once. (A persistent variant, one CTA per SM walking
 // the items and overlapping each epilogue with the next item's first loads, measured 2x slower:
 // with the item loop around the per-width k loops ptxas serializes the wgmmas, C7510/C7512.)
-// SPLIT: a dense GEMM split along K (gemm_split.cu), its own instantiation so that the unsplit
-// kernel's k loop starts at a known 0 (one kernel for both cost the K = 512 GEMMs 1-12%).
-template <int SH, bool SPLIT>
+// MODE: WG_ONE, WG_SPLIT or WG_MULTI (above).
+template <int SH, int MODE>
 __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     gemm_wg_kernel(const wg_params p) {
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     constexpr int MB = wg_shape<SH>::MB, TOK = wg_shape<SH>::TOK;
+    constexpr bool SPLIT = MODE == WG_SPLIT;
     const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
     // dense GEMMs split along K: consecutive CTAs take the parts of one item
     const int item = SPLIT ? blockIdx.x / p.splits : blockIdx.x;
     const int part = SPLIT ? blockIdx.x - item * p.splits : 0;
     item_t cur;
-    if (!get_item<SH>(p, n_mtiles, item, cur)) return;
+    if (!get_item<SH, MODE == WG_MULTI>(p, n_mtiles, item, cur)) return;
     const int KT = p.K / 64;
     const int kt0 = SPLIT ? part * KT / p.splits : 0;
     const int kt1 = SPLIT ? (part + 1) * KT / p.splits : KT;
@@ -572,33 +631,33 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     prologue<SH>(p, c, cur, kt0, kt1);
     // the token tile is the item's rows rounded up to 32: one instantiation per width
     if constexpr (TOK == 32) {
-        run_item<SH, 32, SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, 32, MODE>(p, c, cur, kt0, kt1, part);
         return;
     }
     switch ((cur.nrows + 31) >> 5) {
     case 1:
-        run_item<SH, 32, SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, 32, MODE>(p, c, cur, kt0, kt1, part);
         break;
     case 2:
-        run_item<SH, 64, SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, 64, MODE>(p, c, cur, kt0, kt1, part);
         break;
     case 3:
-        run_item<SH, 96, SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, 96, MODE>(p, c, cur, kt0, kt1, part);
         break;
     case 4:
-        run_item<SH, 128, SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, 128, MODE>(p, c, cur, kt0, kt1, part);
         break;
     case 5:
-        run_item<SH, (TOK < 160 ? TOK : 160), SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, (TOK < 160 ? TOK : 160), MODE>(p, c, cur, kt0, kt1, part);
         break;
     case 6:
-        run_item<SH, (TOK < 192 ? TOK : 192), SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, (TOK < 192 ? TOK : 192), MODE>(p, c, cur, kt0, kt1, part);
         break;
     case 7:
-        run_item<SH, (TOK < 224 ? TOK : 224), SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, (TOK < 224 ? TOK : 224), MODE>(p, c, cur, kt0, kt1, part);
         break;
     default:
-        run_item<SH, TOK, SPLIT>(p, c, cur, kt0, kt1, part);
+        run_item<SH, TOK, MODE>(p, c, cur, kt0, kt1, part);
         break;
     }
 #else
@@ -617,7 +676,8 @@ __global__ void wg_probe(int *out) {
 }
 
 int g_force_path = 0;
-int g_shape = 0; // work-item shape (wg_shape): 1-3, or 0 = by the tile map
+int g_shape = 0;  // work-item shape (wg_shape): 1-4, or 0 = by the tile map
+int g_blocks = 0; // weight-row blocks per CTA: 1, 2, 4, or 0 = automatic
 
 } // namespace
 
@@ -626,23 +686,31 @@ void pf_gemm_force_path(int path) {
 }
 
 void pf_gemm_wg_shape(int shape) {
-    g_shape = shape >= 1 && shape <= 3 ? shape : 0;
+    g_shape = shape >= 1 && shape <= 4 ? shape : 0;
+}
+
+void pf_gemm_wg_blocks(int nb) {
+    g_blocks = nb == 1 || nb == 2 || nb == 4 ? nb : 0;
 }
 
 int pf_gemm_wg_tokens() {
-    return g_shape == 3 ? wg_shape<3>::TOK : g_shape == 2 ? wg_shape<2>::TOK : wg_shape<1>::TOK;
+    return g_shape == 3   ? wg_shape<3>::TOK
+           : g_shape == 2 ? wg_shape<2>::TOK
+           : g_shape == 4 ? wg_shape<4>::TOK
+                          : wg_shape<1>::TOK;
 }
 
-// Measured (bench/RESULTS.md, E = 256, k = 8): with 64 rows per expert (T = 2048) 256-row items
-// run the expert GEMMs at 200 TFLOP/s against 164 for 128-row items; with 128 rows (T = 4096) and
-// more, 128-row items win (261 vs 240 at 4K, 362 vs 312 at 32K), as on every dense shape.
-// Up to WG_FEW_ROWS rows per expert the deep-ring shape 3.
-constexpr int WG_FEW_ROWS = 16;
+// Measured (bench/RESULTS.md, thirteenth session; E = 256, k = 8, TFLOP/s of the expert GEMMs by
+// rows per expert, shapes 3 / 4 / 2 / 1): 16 rows (T = 512) 96 / 85 / 80 / 68; 24 rows 130 / 123
+// / 115 / 100; 32 rows 134 / 151 / 139 / 125; 64 rows 168 / 256 / 238 / 228; 96 rows 328 (4) /
+// 316 (2) / 304 (1); 128 rows (T = 4096) 322 (4) / 311 (2) / 360 (1). Shape 2 is never the best
+// and is kept as a test hook.
+constexpr int WG_FEW_ROWS = 24, WG_MID_ROWS = 112;
 int pf_gemm_wg_group_bm(int avg_rows) {
     if (g_shape) return pf_gemm_wg_tokens();
-    return avg_rows <= WG_FEW_ROWS ? wg_shape<3>::TOK
-           : avg_rows < 96         ? wg_shape<2>::TOK
-                                   : wg_shape<1>::TOK;
+    return avg_rows <= WG_FEW_ROWS  ? wg_shape<3>::TOK
+           : avg_rows < WG_MID_ROWS ? wg_shape<4>::TOK
+                                    : wg_shape<1>::TOK;
 }
 
 bool pf_gemm_wg_available() {
@@ -684,38 +752,80 @@ bool pf_gemm_wg_fits(const bf16 *A, int lda, int M, const struct dmat *W, const 
 }
 
 namespace {
+// Weight-row blocks per CTA (wg_params::nb). More blocks hide a CTA's start (its first tiles'
+// load latency, which a lone CTA per SM cannot overlap) behind the previous block's k loop, but
+// fewer CTAs then share each token tile, so more tiles are live in the L2 at once, and fewer CTAs
+// spread less evenly over the SMs. Measured (bench/RESULTS.md, thirteenth session), expert GEMMs:
+// the down projection (8 k-tiles) gains with 4 blocks at every prompt length (4K: 277 -> 313
+// TFLOP/s), gate+up (32 k-tiles) gains a little with 2 and loses with 4 from 8K on; hence at most
+// 64 k-tiles per CTA. Dense GEMMs keep one block (their token tiles are the largest). ctas: the
+// CTAs with one block each.
+template <int SH>
+int blocks_per_cta(const wg_params &p, bool grouped, long ctas, int rows_per_block, int smem2) {
+    constexpr int DIST = wg_shape<SH>::DIST;
+    const int KT = p.K / 64;
+    if (SH != 1 || !p.sb_async || KT <= DIST || !pow2(KT) || p.N % rows_per_block ||
+        (size_t)rows_per_block * p.w[0].rs > (1u << 29) || p.w[0].rs != p.w[1].rs ||
+        p.w[0].sbrs != p.w[1].sbrs || smem2 > WG_SMEM_MAX)
+        return 1;
+    if (g_blocks) return p.ny % g_blocks ? 1 : g_blocks;
+    if (!grouped) return 1;
+    const long min_ctas = 6L * pf_device_sms();
+    for (int nb : {4, 2})
+        if (p.ny % nb == 0 && nb * KT <= 64 && ctas / nb >= min_ctas) return nb;
+    return 1;
+}
+
 template <int SH>
 int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, struct wren_err *e) {
     constexpr int ROWS = wg_shape<SH>::ROWS, TOK = wg_shape<SH>::TOK;
-    p.ny = p.epi == EPI_SWIGLU_BF16 ? (p.N + ROWS / 2 - 1) / (ROWS / 2) : (p.N + ROWS - 1) / ROWS;
+    const int rows_per_block = p.epi == EPI_SWIGLU_BF16 ? ROWS / 2 : ROWS;
+    p.ny = (p.N + rows_per_block - 1) / rows_per_block;
     const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
     if (n_mtiles <= 0) return 0;
-    const int smem =
-        1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + (p.K / p.w[0].group) * ROWS * 4;
-    // dense GEMMs (shape 1) may be split along K
-    constexpr bool CAN_SPLIT = SH == 1;
+    const int sb_bytes = (p.K / p.w[0].group) * ROWS * 4; // scales + biases of a block
+    const int smem1 = 1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + sb_bytes;
+    // the grouped map's capacity counts a partial tile per expert: expect about one per 2 experts
+    const long est = (M + TOK - 1) / TOK + n_mtiles / 2;
+    const long est_tiles = grp && est < n_mtiles ? est : n_mtiles;
+    p.nb =
+        blocks_per_cta<SH>(p, grp != nullptr, est_tiles * p.ny, rows_per_block, smem1 + sb_bytes);
+    p.nyb = p.ny / p.nb;
+    p.kshift = log2i(p.K / 64);
+    p.kmask = p.K / 64 - 1;
+    p.wbs = (uint32_t)((size_t)rows_per_block * p.w[0].rs);
+    p.sbbs = (size_t)rows_per_block * p.w[0].sbrs;
+    p.sb_slot = sb_bytes;
+    const int smem = p.nb > 1 ? smem1 + sb_bytes : smem1;
+    // dense GEMMs (shape 1) may be split along K; shape 1 may run several blocks per CTA
+    constexpr int SPLIT_MODE = SH == 1 ? WG_SPLIT : WG_ONE,
+                  MULTI_MODE = SH == 1 ? WG_MULTI : WG_ONE;
     static int attr_smem = 0;
     if (smem > attr_smem) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, false>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, WG_ONE>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, CAN_SPLIT>,
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, SPLIT_MODE>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, MULTI_MODE>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         if (wg_shape<SH>::MIN_BLOCKS > 1) // room for that many CTAs' shared memory per SM
-            CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, false>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemm_wg_kernel<SH, WG_ONE>,
                                             cudaFuncAttributePreferredSharedMemoryCarveout,
                                             cudaSharedmemCarveoutMaxShared));
         attr_smem = smem;
     }
-    const long items = (long)n_mtiles * p.ny;
+    const long items = (long)n_mtiles * p.nyb;
     if (items >= (1L << 31)) return wren_errf(e, "gemm: too many tiles");
-    p.splits = grp || !CAN_SPLIT
+    p.splits = grp || SH != 1 || p.nb > 1
                    ? 1
                    : pf_gemm_split_parts((int)items, 1, p.K / 64, M, p.N, (enum gemm_epi)p.epi);
     p.part = pf_gemm_split_ws();
     if (p.splits > 1)
-        gemm_wg_kernel<SH, CAN_SPLIT><<<(unsigned)(items * p.splits), WG_THREADS, smem, s>>>(p);
+        gemm_wg_kernel<SH, SPLIT_MODE><<<(unsigned)(items * p.splits), WG_THREADS, smem, s>>>(p);
+    else if (p.nb > 1)
+        gemm_wg_kernel<SH, MULTI_MODE><<<(unsigned)items, WG_THREADS, smem, s>>>(p);
     else
-        gemm_wg_kernel<SH, false><<<(unsigned)items, WG_THREADS, smem, s>>>(p);
+        gemm_wg_kernel<SH, WG_ONE><<<(unsigned)items, WG_THREADS, smem, s>>>(p);
     CUDA_CHECK_LAUNCH();
     if (p.splits > 1)
         return pf_gemm_split_reduce(s, p.splits, M, p.N, p.C, p.ldc, (enum gemm_epi)p.epi, e);
@@ -741,14 +851,14 @@ int pf_gemm_wg(cudaStream_t s, const bf16 *A, int lda, int M, const struct dmat 
     p.epi = (int)epi;
     p.tiles = grp ? grp->tiles : nullptr;
     p.n_tiles = grp ? grp->n_tiles : nullptr;
-    // 256-row items for grouped GEMMs whose tile map was made for them (small T, see
-    // pf_gemm_wg_group_bm), 128-row items otherwise
+    // grouped GEMMs: the shape whose tile height the tile map was made for (pf_gemm_wg_group_bm)
     const int sh = g_shape                       ? g_shape
                    : !grp                        ? 1
                    : grp->bm <= wg_shape<3>::TOK ? 3
-                   : grp->bm <= wg_shape<2>::TOK ? 2
+                   : grp->bm <= wg_shape<4>::TOK ? 4
                                                  : 1;
-    return sh == 3   ? launch<3>(s, p, grp, M, e)
+    return sh == 4   ? launch<4>(s, p, grp, M, e)
+           : sh == 3 ? launch<3>(s, p, grp, M, e)
            : sh == 2 ? launch<2>(s, p, grp, M, e)
                      : launch<1>(s, p, grp, M, e);
 }

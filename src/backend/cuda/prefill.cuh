@@ -57,11 +57,14 @@ void pf_gemm_force_bm(int bm);
 // supports, on Hopper), 1 = only the portable mma.sync kernel.
 void pf_gemm_force_path(int path);
 // Shape of the wgmma kernel's work items (gemm_wg.cu): 1 = 128 weight rows x up to 256 tokens,
-// 2 = 256 rows x up to 128 tokens, 3 = 256 rows x up to 32 tokens, two CTAs per SM; 0 =
-// automatic (dense GEMMs 1; grouped GEMMs by the tile map's height, which pf_gemm_wg_group_bm
-// picks from the average rows per expert). Forcing a shape is a test and benchmark hook.
-// pf_gemm_wg_tokens() is the largest grouped tile the kernel takes.
+// 2 = 256 rows x up to 128 tokens, 3 = 256 rows x up to 32 tokens, two CTAs per SM, 4 = 128 rows
+// x up to 128 tokens, two CTAs per SM; 0 = automatic (dense GEMMs 1; grouped GEMMs by the tile
+// map's height, which pf_gemm_wg_group_bm picks from the average rows per expert). Forcing a shape
+// is a test and benchmark hook. pf_gemm_wg_tokens() is the largest grouped tile the kernel takes.
 void pf_gemm_wg_shape(int shape);
+// Test and benchmark hook: weight-row blocks per CTA of the wgmma kernel (1, 2, 4; 0 = automatic:
+// more blocks hide each CTA's start, fewer keep the SMs evenly loaded).
+void pf_gemm_wg_blocks(int nb);
 int pf_gemm_wg_tokens();
 int pf_gemm_wg_group_bm(int avg_rows);
 // sm_90a wgmma path for 4-bit weights (gemm_wg.cu): available on this device and binary (and not
