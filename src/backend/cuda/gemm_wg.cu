@@ -23,7 +23,7 @@
 namespace {
 
 constexpr int WG_THREADS = 256;         // two warpgroups
-constexpr int MAX_GROUPS = 64;          // K / group: scales + biases of 256 rows take 64 KB at most
+constexpr int MAX_GROUPS = 64;          // K / group: scales + biases of 256 rows take 72 KB at most
 constexpr int WG_SMEM_MAX = 227 * 1024; // shared memory per block on sm_90 (the only target)
 
 // Work-item shapes (SH): MB m64 blocks of weight rows per warpgroup, up to TOK tokens, a ring of
@@ -49,6 +49,14 @@ template <int SH> struct wg_shape {
     static constexpr int DIST = STAGES - 2;
     static_assert(DIST >= 1 && STAGE % 1024 == 0, "a ring of 1024-byte aligned stages");
 };
+
+// Bytes per scale (or bias) row in shared memory: the row's ng bf16 values rounded up to 16 bytes,
+// plus 16 where that is an even multiple of 16. A warp's LDS.U16 of its 8 rows' scales then hits
+// 8 banks (row strides of 4 x an odd number of words); unpadded rows of 64 or 128 bytes (K = 2048,
+// 4096 at groups of 64) put 4 or 8 of them in one bank.
+__host__ __device__ constexpr int sb_row_bytes(int ng) {
+    return ((ng * 2 + 15) & ~15) + (((ng * 2 + 15) >> 4) & 1 ? 0 : 16);
+}
 
 // Kernel modes: one weight-row block per CTA; a dense GEMM split along K (gemm_split.cu); several
 // weight-row blocks per CTA (wg_params::nb > 1, item shape 1). Each is its own instantiation:
@@ -155,7 +163,7 @@ template <int SH> __device__ __forceinline__ int row_of(const wg_params &p, int 
 template <int SH> struct wg_ctx {
     static constexpr int MB = wg_shape<SH>::MB;
     uint32_t smem;   // shared address of stage 0
-    uint32_t sbuf;   // shared address of the scales [ROWS][ng] bf16, then the biases
+    uint32_t sbuf;   // shared address of the scales [ROWS][sbs bytes], then the biases
     uint32_t act_st; // this thread's activation chunk: swizzled byte offset inside a stage
     const bf16 *a_src[wg_shape<SH>::TOK / 32]; // this thread's activation chunks (k-tile 0)
     int n_act;                                 // activation chunks this thread copies per tile
@@ -164,7 +172,8 @@ template <int SH> struct wg_ctx {
     bool wq_ok[MB];
     const uint8_t *sb_src[MB]; // this thread's scale or bias rows (cp.async staging)
     bool sb_ok[MB];
-    int ng, r0;   // groups per row; first of this thread's weight rows (r0, r0 + 8, + 64 ...)
+    int ng, sbs;  // groups per row; bytes per scale row in shared memory (sb_row_bytes)
+    int r0;       // first of this thread's weight rows (r0, r0 + 8, + 64 ...)
     int gsh;      // k-tile kt is in group kt >> gsh (groups are 64 << gsh wide)
     uint32_t sel; // byte_perm selector: byte t of two words
 };
@@ -222,8 +231,8 @@ __device__ __forceinline__ void stage_sb(const wg_ctx<SH> &c, size_t off, uint32
 #pragma unroll
     for (int i = 0; i < wg_shape<SH>::MB; i++) {
         if (!c.sb_ok[i]) continue;
-        const int idx = threadIdx.x + WG_THREADS * i; // (scale rows, then bias rows) x ng * 2 bytes
-        const uint32_t d = dst + idx * c.ng * 2;
+        const int idx = threadIdx.x + WG_THREADS * i; // scale rows, then bias rows
+        const uint32_t d = dst + idx * c.sbs;
         for (int ch = 0; ch < c.ng / 8; ch++)
             cp_async16_s(d + ch * 16, c.sb_src[i] + off + ch * 16);
     }
@@ -249,9 +258,9 @@ __device__ __forceinline__ void prologue(const wg_params &p, const wg_ctx<SH> &c
                 s = *reinterpret_cast<const uint16_t *>(p.w[m].scales + off);
                 b = *reinterpret_cast<const uint16_t *>(p.w[m].biases + off);
             }
-            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + i * 2), "h"(s));
-            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(c.sbuf + (WG_ROWS * c.ng + i) * 2),
-                         "h"(b));
+            const uint32_t a = c.sbuf + v * c.sbs + gi * 2;
+            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(a), "h"(s));
+            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(a + WG_ROWS * c.sbs), "h"(b));
         }
     }
 #pragma unroll
@@ -298,8 +307,8 @@ __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t st
                  : "=r"(w1[4]), "=r"(w1[5]), "=r"(w1[6]), "=r"(w1[7])
                  : "r"(st + r1 * 32 + (16 ^ x0)));
     const int g = kt >> c.gsh;
-    const uint32_t sa = sbuf + (r0 * c.ng + g) * 2, sb = sa + 8 * c.ng * 2,
-                   ba = sa + WG_ROWS * c.ng * 2, bb = sb + WG_ROWS * c.ng * 2;
+    const uint32_t sa = sbuf + r0 * c.sbs + g * 2, sb = sa + 8 * c.sbs, ba = sa + WG_ROWS * c.sbs,
+                   bb = sb + WG_ROWS * c.sbs;
     const uint32_t s2u = __byte_perm(lds_u16(sa), lds_u16(sb), 0x5410);
     const uint32_t b2u = __byte_perm(lds_u16(ba), lds_u16(bb), 0x5410);
     const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162 *>(&s2u);
@@ -616,6 +625,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
     c.sbuf = c.smem + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE;
     c.ng = p.K / p.w[0].group;
+    c.sbs = sb_row_bytes(c.ng);
     c.gsh = __ffs(p.w[0].group) - 7; // a power of two >= 64 (pf_gemm_wg_fits)
     {
         const int tok0 = tid >> 3, ch = tid & 7;
@@ -783,7 +793,7 @@ int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, st
     p.ny = (p.N + rows_per_block - 1) / rows_per_block;
     const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
     if (n_mtiles <= 0) return 0;
-    const int sb_bytes = (p.K / p.w[0].group) * ROWS * 4; // scales + biases of a block
+    const int sb_bytes = sb_row_bytes(p.K / p.w[0].group) * ROWS * 2; // scales + biases of a block
     const int smem1 = 1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + sb_bytes;
     // the grouped map's capacity counts a partial tile per expert: expect about one per 2 experts
     const long est = (M + TOK - 1) / TOK + n_mtiles / 2;
