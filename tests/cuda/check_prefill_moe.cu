@@ -1,8 +1,8 @@
 // MoE prefill on the GPU (routing, grouped gate+up SwiGLU GEMM, grouped down GEMM, weighted
 // combine with the gated shared expert) vs a CPU MoE block. Routing is random and uneven: one
-// expert takes every token, several take none. Every check runs on the portable mma.sync kernel
-// and on the automatic choice (the sm_90a wgmma kernel where available). `--bench`: the 35B
-// expert shapes at several T, both kernels, several tile heights.
+// expert takes every token, several take none. Every configuration runs on the portable mma.sync
+// kernel, the automatic choice and each forced wgmma variant (PATHS; the sm_90a kernel where
+// available). `--bench`: the 35B expert shapes at several T, both kernels, several tile heights.
 #include <algorithm>
 
 #include "check_prefill_util.cuh"
@@ -54,7 +54,7 @@ static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int 
 
 // The GPU paths every configuration runs: mma.sync, automatic (wgmma: the item shape by the tile
 // map), shapes 1-3, shape 1 with 2 and 4 weight-row blocks per CTA (where the shapes allow it),
-// shape 4. PF_CHECK_PATHS=a,b,... runs only those (ids below).
+// shape 4. PF_CHECK_PATHS=a,b,... runs only those (ids below; unset or empty: all).
 static const int PATHS[] = {-1, 0, 1, 2, 3, 4, 5, 6};
 static const char *set_path(int path) {
     pf_gemm_force_path(path == -1 ? 1 : 0);
@@ -72,7 +72,7 @@ static const char *set_path(int path) {
 
 static bool path_selected(int path) {
     const char *only = getenv("PF_CHECK_PATHS");
-    if (!only) return true;
+    if (!only || !*only) return true;
     char key[8];
     snprintf(key, sizeof key, "%d", path);
     for (const char *q = only; *q;) {
@@ -243,7 +243,7 @@ int main(int argc, char **argv) {
     check(37, 24, 8, 128, 64, 64);
     check(1, 16, 4, 128, 64, 128);
     check(96, 16, 8, 2048, 512, 256); // the 35B expert shapes (K = 2048 and 512)
-    check(150, 8, 2, 1024, 512, 256); // 8 blocks of both GEMMs (4 k-tiles per group of 2)
+    check(150, 8, 2, 1024, 512, 256); // 8 weight-row blocks in both GEMMs: several per CTA
     if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
         // PF_BENCH_TMAX: skip longer prompts (quick comparisons)
         const int tmax = getenv("PF_BENCH_TMAX") ? atoi(getenv("PF_BENCH_TMAX")) : 1 << 30;

@@ -10,12 +10,12 @@
 // Block (one work item): 2 warpgroups x 64 weight rows = 128 rows (64 SwiGLU features: gate and up
 // rows interleaved by 8, as in gemm_q.cu), times up to 256 tokens; the wgmma N (tokens) is picked
 // per block from its row count in steps of 32, so an expert with 140 rows runs one 160-wide tile
-// instead of two 128-row tiles. Other item shapes (wg_shape) serve experts with fewer rows: two
-// CTAs per SM with up to 128 or 32 tokens. Activation and packed-weight tiles arrive by cp.async in
-// a ring of stages; the group scales/biases of the block's rows for the whole K are staged once,
-// with the first tile. A CTA of the 256-token shape may run several weight-row blocks of its token
-// tile in one k loop (blocks_per_cta), so that their loads overlap. One CTA per SM for that shape
-// (up to 213 KB of shared memory; 208 registers per thread, 243 with several blocks).
+// instead of two 128-row tiles. Other item shapes (wg_shape) serve experts with fewer rows, at
+// two CTAs per SM with up to 128 or 32 tokens. Activation and packed-weight tiles arrive by
+// cp.async in a ring of stages; the group scales/biases of the block's rows for the whole K are
+// staged once, with the first tile. A CTA of the 256-token shape may run several weight-row blocks
+// of its token tile in one k loop (blocks_per_cta), so that their loads overlap. One CTA per SM for
+// that shape (up to 217 KB of shared memory; ~208 registers per thread, ~243 with several blocks).
 #include "backend/cuda/gemm_args.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/wgmma_rs.cuh"
@@ -30,12 +30,12 @@ constexpr int WG_SMEM_MAX = 227 * 1024; // shared memory per block on sm_90 (the
 // STAGES k-tiles in shared memory with loads DIST tiles ahead, MIN_BLOCKS CTAs per SM. SH 1: 128
 // weight rows x up to 256 tokens; SH 2: 256 rows x up to 128 tokens (half the activation bytes per
 // FLOP, twice the weight bytes; the same accumulator registers); SH 3: 256 rows x up to 32 tokens,
-// two CTAs per SM (at most 128 registers, 93 KB of shared memory at K = 2048), for experts with a
+// two CTAs per SM (at most 128 registers, 101 KB of shared memory at K = 2048), for experts with a
 // few rows each (short prompts): there a k-tile is a latency-bound chain (barrier, dequantize,
 // retire the previous wgmma group, issue) and a second CTA runs its chain beside it. SH 4: 128
-// rows x up to 128 tokens, two CTAs per SM the same way (128 registers, a ring of 4 stages: 97 KB
-// at K = 2048), for 25-111 rows per expert (prompts of ~800 to ~3.5K tokens). SH 2 is slower than
-// SH 4 wherever measured and stays as a test hook.
+// rows x up to 128 tokens, two CTAs per SM the same way (128 registers, a ring of 4 stages: 101
+// KB at K = 2048), for 25-111 rows per expert (prompts of ~800 to ~3.5K tokens). SH 2 is slower
+// than SH 4 wherever measured and stays as a test hook.
 template <int SH> struct wg_shape {
     static constexpr int MB = SH == 1 || SH == 4 ? 1 : 2;
     static constexpr int ROWS = 128 * MB;                          // weight rows per work item
@@ -80,9 +80,10 @@ struct wg_params : gemm_in {
     // packed weights / scale rows to the next block's; sb_slot: bytes between the two scale slots.
     int nb, nyb;       // nyb = ny / nb
     int kshift, kmask; // nb > 1: K / 64 == 1 << kshift, kmask = K / 64 - 1
-    uint32_t wbs;      // (nb * wbs < 2^31: checked)
+    uint32_t wbs;      // (wbs <= 2^29: checked)
     size_t sbbs;
     int sb_slot;
+    int sbs; // bytes per scale row in shared memory (sb_row_bytes, or unpadded: launch)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -625,7 +626,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
     c.sbuf = c.smem + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE;
     c.ng = p.K / p.w[0].group;
-    c.sbs = sb_row_bytes(c.ng);
+    c.sbs = p.sbs;
     c.gsh = __ffs(p.w[0].group) - 7; // a power of two >= 64 (pf_gemm_wg_fits)
     {
         const int tok0 = tid >> 3, ch = tid & 7;
@@ -793,7 +794,14 @@ int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, st
     p.ny = (p.N + rows_per_block - 1) / rows_per_block;
     const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
     if (n_mtiles <= 0) return 0;
-    const int sb_bytes = sb_row_bytes(p.K / p.w[0].group) * ROWS * 2; // scales + biases of a block
+    // scale rows padded against bank conflicts, unless the padding would cost a two-CTA shape its
+    // second CTA per SM (each CTA at most 113 KB of the SM's 228, less 1 KB per CTA)
+    const int ng = p.K / p.w[0].group;
+    p.sbs = sb_row_bytes(ng);
+    if (wg_shape<SH>::MIN_BLOCKS > 1 &&
+        1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + p.sbs * ROWS * 2 > 113 * 1024)
+        p.sbs = (ng * 2 + 15) & ~15;
+    const int sb_bytes = p.sbs * ROWS * 2; // scales + biases of a block
     const int smem1 = 1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + sb_bytes;
     // the grouped map's capacity counts a partial tile per expert: expect about one per 2 experts
     const long est = (M + TOK - 1) / TOK + n_mtiles / 2;
