@@ -50,12 +50,12 @@ template <int SH> struct wg_shape {
     static_assert(DIST >= 1 && STAGE % 1024 == 0, "a ring of 1024-byte aligned stages");
 };
 
-// Bytes per scale (or bias) row in shared memory: the row's ng bf16 values rounded up to 16 bytes,
-// plus 16 where that is an even multiple of 16. A warp's LDS.U16 of its 8 rows' scales then hits
-// 8 banks (row strides of 4 x an odd number of words); unpadded rows of 64 or 128 bytes (K = 2048,
-// 4096 at groups of 64) put 4 or 8 of them in one bank.
-__host__ __device__ constexpr int sb_row_bytes(int ng) {
-    return ((ng * 2 + 15) & ~15) + (((ng * 2 + 15) >> 4) & 1 ? 0 : 16);
+// Bytes per scale (or bias) row in shared memory: the row's ng bf16 values rounded up to 16 bytes
+// (cp.async chunks), with pad plus 16 where that is an even multiple of 16. A warp's LDS.U16 of its
+// 8 rows' scales then hits 8 banks (row strides of 4 x an odd number of words); unpadded rows of 64
+// or 128 bytes (K = 2048, 4096 at groups of 64) put 4 or 8 of them in one bank.
+constexpr int sb_row_bytes(int ng, bool pad) {
+    return ((ng * 2 + 15) & ~15) + (pad && !(((ng * 2 + 15) >> 4) & 1) ? 16 : 0);
 }
 
 // Kernel modes: one weight-row block per CTA; a dense GEMM split along K (gemm_split.cu); several
@@ -83,7 +83,7 @@ struct wg_params : gemm_in {
     uint32_t wbs;      // (wbs <= 2^29: checked)
     size_t sbbs;
     int sb_slot;
-    int sbs; // bytes per scale row in shared memory (sb_row_bytes, or unpadded: launch)
+    int sbs; // bytes per scale row in shared memory (sb_row_bytes, padded or not: launch)
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -794,15 +794,16 @@ int launch(cudaStream_t s, wg_params &p, const struct gemm_group *grp, int M, st
     p.ny = (p.N + rows_per_block - 1) / rows_per_block;
     const int n_mtiles = grp ? grp->max_tiles : (M + TOK - 1) / TOK;
     if (n_mtiles <= 0) return 0;
-    // scale rows padded against bank conflicts, unless the padding would cost a two-CTA shape its
-    // second CTA per SM (each CTA at most 113 KB of the SM's 228, less 1 KB per CTA)
+    // the stage ring (+ 1 KB for its 1024-byte alignment), then the scales and biases: rows padded
+    // against bank conflicts, unless the padding would cost a two-CTA shape its second CTA per SM
+    // (each CTA at most 113 KB of the SM's 228, less 1 KB per CTA)
+    constexpr int ring = 1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE;
     const int ng = p.K / p.w[0].group;
-    p.sbs = sb_row_bytes(ng);
-    if (wg_shape<SH>::MIN_BLOCKS > 1 &&
-        1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + p.sbs * ROWS * 2 > 113 * 1024)
-        p.sbs = (ng * 2 + 15) & ~15;
+    p.sbs = sb_row_bytes(ng, true);
+    if (wg_shape<SH>::MIN_BLOCKS > 1 && ring + p.sbs * ROWS * 2 > 113 * 1024)
+        p.sbs = sb_row_bytes(ng, false);
     const int sb_bytes = p.sbs * ROWS * 2; // scales + biases of a block
-    const int smem1 = 1024 + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE + sb_bytes;
+    const int smem1 = ring + sb_bytes;
     // the grouped map's capacity counts a partial tile per expert: expect about one per 2 experts
     const long est = (M + TOK - 1) / TOK + n_mtiles / 2;
     const long est_tiles = grp && est < n_mtiles ? est : n_mtiles;
