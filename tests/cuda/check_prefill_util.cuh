@@ -150,6 +150,9 @@ static tmat make_tmat(enum wtype type, int n, int rows, int cols, int group) {
     m.d.bits = m.bits;
     m.d.group = m.group;
     m.d.data = dev_upload(m.data);
+    // the device layout of 4-bit weights (data stays in MLX order for at())
+    if (m.bits == 4) OK(q4_repack((uint8_t *)m.d.data, m.data.size(), 0, ERR));
+    CK(cudaDeviceSynchronize());
     m.d.row_stride = m.rs;
     m.d.mat_stride = m.ms;
     m.d.scales = m.bits ? dev_upload(m.scales) : nullptr;

@@ -117,6 +117,9 @@ static struct tmat make_mat(int n, int rows, int cols, int bits, int group) {
         t.d.biases = (const uint8_t *)dev_copy(bi);
     }
     t.d.data = dev_copy(data);
+    // the device layout of 4-bit weights (the host copy above stays in MLX order for w)
+    if (bits == 4) WK(q4_repack((uint8_t *)t.d.data, data.size(), 0, &err_));
+    CK(cudaDeviceSynchronize());
     return t;
 }
 

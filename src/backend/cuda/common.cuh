@@ -68,6 +68,29 @@ template <int BITS> struct wfmt {
     static constexpr int EPC = 128 / BITS; // elements per 16-byte chunk (BITS 16 = bf16)
 };
 
+// The 4-bit layout on the device. The upload (q4_repack) reorders the values inside every
+// 16-byte chunk of a 4-bit matrix (32 values, never straddling a group): chunk value
+// v = 16s + 8h + 2t + e (s, h, e in {0, 1}, t < 4) sits in word t at nibble 2s + h + 4e, where MLX
+// has it in word v / 8 at nibble v % 8. A tensor-core fragment's lane t needs exactly the values
+// 2t, 2t + 1 (+ 8h, + 16s) of a chunk: they are one word, each (s, h) pair 16 bits apart, where
+// one LOP3 turns both nibbles into bf16 (nib_bf16x2), with no byte gathering or pairing left.
+// Within a 16-byte chunk only, so every kernel still streams whole chunks of 32 values in order.
+static __host__ __device__ __forceinline__ int q4_word(int v) { // v < 32
+    return (v >> 1) & 3;
+}
+static __host__ __device__ __forceinline__ int q4_shift(int v) {
+    return 4 * ((v >> 3) + 4 * (v & 1));
+}
+// Value k of a quantized row (bits 4: the layout above; bits 8: byte k).
+static __device__ __forceinline__ uint32_t q_value(const uint8_t *row, int bits, int k) {
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(row);
+    if (bits == 4) return (w[(k >> 5) * 4 + q4_word(k & 31)] >> q4_shift(k & 31)) & 15u;
+    return (w[k >> 2] >> (8 * (k & 3))) & 255u;
+}
+// Reorders n bytes of MLX 4-bit data on the device into the layout above (in place, n % 16 == 0;
+// stream-ordered).
+int q4_repack(uint8_t *d, size_t n, cudaStream_t s, struct wren_err *e);
+
 // Activations are kept in shared memory as f32 with 4 floats of padding after every 32, so that
 // lanes reading consecutive chunks hit distinct banks (see NOTES.md).
 static __host__ __device__ __forceinline__ int xpad(int i) {
@@ -93,17 +116,21 @@ static __device__ __forceinline__ void dot_chunk(const uint4 (&w)[R], const floa
 #pragma unroll
         for (int i = 0; i < R; i++) d[i] = 0.f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float4 xa = *reinterpret_cast<const float4 *>(xs + 8 * k);
-            float4 xb = *reinterpret_cast<const float4 *>(xs + 8 * k + 4);
-            float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+        for (int t = 0; t < 4; t++) {
+            // word t (device layout, q4_word): its low nibbles hold values 2t, 16 + 2t, 2t + 1,
+            // 17 + 2t of the chunk, its high nibbles 8 + 2t, 24 + 2t, 9 + 2t, 25 + 2t
+            const float2 x0 = *reinterpret_cast<const float2 *>(xs + 2 * t);
+            const float2 x1 = *reinterpret_cast<const float2 *>(xs + 8 + 2 * t);
+            const float2 x2 = *reinterpret_cast<const float2 *>(xs + 16 + 2 * t);
+            const float2 x3 = *reinterpret_cast<const float2 *>(xs + 24 + 2 * t);
+            // xv[2b] pairs with byte b of the low nibbles, xv[2b + 1] with byte b of the high
+            const float xv[8] = {x0.x, x1.x, x2.x, x3.x, x0.y, x1.y, x2.y, x3.y};
 #pragma unroll
             for (int j = 0; j < 8; j++) xsum += xv[j];
 #pragma unroll
             for (int i = 0; i < R; i++) {
-                uint32_t word = k == 0 ? w[i].x : k == 1 ? w[i].y : k == 2 ? w[i].z : w[i].w;
-                // even elements are the low nibbles of the bytes, odd ones the high nibbles; one
-                // byte permute places a level in the mantissa of 2^23
+                uint32_t word = t == 0 ? w[i].x : t == 1 ? w[i].y : t == 2 ? w[i].z : w[i].w;
+                // one byte permute places a level in the mantissa of 2^23
                 const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
                 for (int b = 0; b < 4; b++) {

@@ -137,6 +137,9 @@ static int up_mat(struct cuda_backend *cb, const struct qmat *q, struct dmat *m,
     m->mat_stride = (size_t)q->rows * q->row_stride;
     if (up_region(cb, q->data, q->mat_stride, m->mat_stride, q->n, (uint8_t **)&m->data, u, e))
         return -1;
+    // the kernels read 4-bit weights in the device layout (common.cuh); the legacy stream orders
+    // the reordering after the copies
+    if (bits == 4 && q4_repack((uint8_t *)m->data, m->mat_stride * q->n, 0, e)) return -1;
     if (bits != 16) {
         m->sb_row_stride = q->sb_row_stride;
         m->sb_mat_stride = (size_t)q->rows * q->sb_row_stride;

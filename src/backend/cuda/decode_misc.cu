@@ -16,9 +16,7 @@ __global__ void embed_kernel(const struct dmat m, const int32_t *tok, float *x) 
     } else if (m.type == WT_F32) {
         v = reinterpret_cast<const float *>(row)[j];
     } else {
-        const uint32_t *w = reinterpret_cast<const uint32_t *>(row);
-        const int per = 32 / m.bits;
-        uint32_t q = (w[j / per] >> (m.bits * (j % per))) & ((1u << m.bits) - 1);
+        const uint32_t q = q_value(row, m.bits, j);
         const size_t so = (size_t)r * m.sb_row_stride;
         const int g = j / m.group;
         float s = bf16_bits_to_f32(reinterpret_cast<const uint16_t *>(m.scales + so)[g]);

@@ -68,24 +68,26 @@ __device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0)
         for (int i = 0; i < 4; i++) *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = f.q[i];
     } else if (BITS == 4) {
         // 128 + q as bf16 pairs (exponent of 128, q in the low mantissa bits); minus 128 is exact,
-        // then one bf16x2 FMA (q * s + b, rounded once, like an f32 FMA rounded to bf16).
+        // then one bf16x2 FMA (q * s + b, rounded once, like an f32 FMA rounded to bf16). In the
+        // device layout (common.cuh) nibbles j and j + 4 of word t are values 8j + 2t and + 1 of
+        // the chunk: word t of the 16-byte group j of the row.
         const __nv_bfloat162 s2 = __float2bfloat162_rn(f.s), b2 = __float2bfloat162_rn(f.b);
         const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
         const uint32_t *w = reinterpret_cast<const uint32_t *>(&f.q[0]);
+        uint32_t r[4][4]; // r[j][t]: values 8j + 2t, 8j + 2t + 1
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t r[4]; // r[j] = (w_j, w_{j+4}) of the 8 values in word i
+        for (int t = 0; t < 4; t++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                uint32_t x = nib_bf16x2(w[i] >> (4 * j));
+                uint32_t x = nib_bf16x2(w[t] >> (4 * j));
                 __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162 *>(&x);
                 hv = __hfma2(__hsub2(hv, m128), s2, b2);
-                r[j] = *reinterpret_cast<uint32_t *>(&hv);
+                r[j][t] = *reinterpret_cast<uint32_t *>(&hv);
             }
-            uint4 o = make_uint4(__byte_perm(r[0], r[1], 0x5410), __byte_perm(r[2], r[3], 0x5410),
-                                 __byte_perm(r[0], r[1], 0x7632), __byte_perm(r[2], r[3], 0x7632));
-            *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + i)) = o;
-        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            *reinterpret_cast<uint4 *>(Bs + swz(v, c0 + j)) =
+                make_uint4(r[j][0], r[j][1], r[j][2], r[j][3]);
     } else {
         const uint32_t *w = reinterpret_cast<const uint32_t *>(&f.q[0]);
 #pragma unroll
@@ -307,9 +309,7 @@ __device__ float w_at(const wview &w, enum wtype type, int bits, int e, int n, i
     case WT_BF16:
         return __bfloat162float(reinterpret_cast<const bf16 *>(row)[k]);
     default: {
-        int per = 32 / bits;
-        uint32_t word = reinterpret_cast<const uint32_t *>(row)[k / per];
-        uint32_t q = (word >> (bits * (k % per))) & ((1u << bits) - 1);
+        const uint32_t q = q_value(row, bits, k);
         size_t sb = e * w.sbms + n * w.sbrs;
         float s = __bfloat162float(reinterpret_cast<const bf16 *>(w.scales + sb)[k / w.group]);
         float b = __bfloat162float(reinterpret_cast<const bf16 *>(w.biases + sb)[k / w.group]);

@@ -173,10 +173,10 @@ template <int SH> struct wg_ctx {
     bool wq_ok[MB];
     const uint8_t *sb_src[MB]; // this thread's scale or bias rows (cp.async staging)
     bool sb_ok[MB];
-    int ng, sbs;  // groups per row; bytes per scale row in shared memory (sb_row_bytes)
-    int r0;       // first of this thread's weight rows (r0, r0 + 8, + 64 ...)
-    int gsh;      // k-tile kt is in group kt >> gsh (groups are 64 << gsh wide)
-    uint32_t sel; // byte_perm selector: byte t of two words
+    int ng, sbs; // groups per row; bytes per scale row in shared memory (sb_row_bytes)
+    int r0;      // first of this thread's weight rows (r0, r0 + 8, + 64 ...)
+    int gsh;     // k-tile kt is in group kt >> gsh (groups are 64 << gsh wide)
+    uint32_t wo; // word t of its rows' first chunk (chunk h sits at h ^ ((row >> 2) & 1))
 };
 
 // Load-side state for item `it` (gathered activation rows, weight and scale rows).
@@ -281,56 +281,50 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
 }
 
 // Dequantizes this thread's share of the 64 x 64 weight tile of its warpgroup into the wgmma A
-// fragments of the 4 k-steps: rows r0 and r0 + 8, k = 2t, 2t+1, 2t+8, 2t+9 of each step (t = lane
-// % 4). MLX packs k = 8j .. 8j+7 into word j (k = 8j + i in bits 4i), so the 4 values a thread
-// needs from word j are its byte t: a byte_perm gathers byte t of both rows' word j, the LOP3
-// trick builds 128 + q as bf16 pairs, one subtract (exact) and one bf16x2 FMA per pair apply the
-// rows' scales and biases (rounded once, as the reference's f32 FMA rounded to bf16).
+// fragments of the 4 k-steps: rows r0 and r0 + 8, k = 16s + 8h + 2t + e (step s, fragment half h,
+// lane t = lane % 4, pair element e). In the device layout (common.cuh, q4_word) these are word t
+// of each of the row's two 16-byte chunks (s = 0, 1 in the first, s = 2, 3 in the second), pair
+// (s, h) at nibbles 2 (s & 1) + h and + 4, i.e. 16 bits apart, where the LOP3 trick builds 128 + q
+// as a bf16 pair; one subtract (exact) and one bf16x2 FMA per pair apply the row's scale and bias
+// (rounded once, as the reference's f32 FMA rounded to bf16).
 template <int SH>
 __device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t stage, uint32_t sbuf,
                                         int mb, uint32_t (&a)[16]) {
     constexpr int WG_ROWS = wg_shape<SH>::ROWS;
     const uint32_t st = stage + wg_shape<SH>::ACT;
-    uint32_t w0[8], w1[8];
-    const int r0 = c.r0 + 64 * mb, r1 = r0 + 8;
-    // row r's chunk h sits at chunk h ^ ((r >> 2) & 1): the 8 rows a warp reads hit all 32 banks
-    const uint32_t x0 = ((r0 >> 2) & 1) << 4;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(w0[0]), "=r"(w0[1]), "=r"(w0[2]), "=r"(w0[3])
-                 : "r"(st + r0 * 32 + x0));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(w0[4]), "=r"(w0[5]), "=r"(w0[6]), "=r"(w0[7])
-                 : "r"(st + r0 * 32 + (16 ^ x0)));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(w1[0]), "=r"(w1[1]), "=r"(w1[2]), "=r"(w1[3])
-                 : "r"(st + r1 * 32 + x0));
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(w1[4]), "=r"(w1[5]), "=r"(w1[6]), "=r"(w1[7])
-                 : "r"(st + r1 * 32 + (16 ^ x0)));
+    const int r0 = c.r0 + 64 * mb;
+    uint32_t w[2][2]; // [row r0, r0 + 8][chunk]
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+            asm volatile("ld.shared.u32 %0, [%1];\n"
+                         : "=r"(w[r][u])
+                         : "r"(st + (r0 + 8 * r) * 32 + (c.wo ^ (16 * u))));
     const int g = kt >> c.gsh;
-    const uint32_t sa = sbuf + r0 * c.sbs + g * 2, sb = sa + 8 * c.sbs, ba = sa + WG_ROWS * c.sbs,
-                   bb = sb + WG_ROWS * c.sbs;
-    const uint32_t s2u = __byte_perm(lds_u16(sa), lds_u16(sb), 0x5410);
-    const uint32_t b2u = __byte_perm(lds_u16(ba), lds_u16(bb), 0x5410);
-    const __nv_bfloat162 s2 = *reinterpret_cast<const __nv_bfloat162 *>(&s2u);
-    const __nv_bfloat162 b2 = *reinterpret_cast<const __nv_bfloat162 *>(&b2u);
+    const uint32_t sa = sbuf + r0 * c.sbs + g * 2, sb = sa + 8 * c.sbs;
+    const uint32_t sbu[4] = {lds_u16(sa), lds_u16(sb), lds_u16(sa + WG_ROWS * c.sbs),
+                             lds_u16(sb + WG_ROWS * c.sbs)};
+    __nv_bfloat162 s2[2], b2[2]; // both halves the row's scale / bias
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const uint32_t su = __byte_perm(sbu[r], 0, 0x1010), bu = __byte_perm(sbu[2 + r], 0, 0x1010);
+        s2[r] = *reinterpret_cast<const __nv_bfloat162 *>(&su);
+        b2[r] = *reinterpret_cast<const __nv_bfloat162 *>(&bu);
+    }
     const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const uint32_t y = __byte_perm(w0[j], w1[j], c.sel); // (byte t of row r0, of row r1)
-        uint32_t lo = nib_bf16x2(y);                         // k = 8j + 2t of both rows
-        uint32_t hi = nib_bf16x2(y >> 4);                    // k = 8j + 2t + 1
-        __nv_bfloat162 l2 = *reinterpret_cast<__nv_bfloat162 *>(&lo);
-        __nv_bfloat162 h2 = *reinterpret_cast<__nv_bfloat162 *>(&hi);
-        l2 = __hfma2(__hsub2(l2, m128), s2, b2);
-        h2 = __hfma2(__hsub2(h2, m128), s2, b2);
-        lo = *reinterpret_cast<uint32_t *>(&l2);
-        hi = *reinterpret_cast<uint32_t *>(&h2);
-        // word j is k-step j / 2; even words are fragment registers 0 (row r0) and 1 (row r0 + 8),
-        // odd words (k + 8) registers 2 and 3
-        a[(j >> 1) * 4 + (j & 1) * 2] = __byte_perm(lo, hi, 0x5410);
-        a[(j >> 1) * 4 + (j & 1) * 2 + 1] = __byte_perm(lo, hi, 0x7632);
-    }
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                uint32_t x = nib_bf16x2(w[r][s >> 1] >> (4 * (2 * (s & 1) + h)));
+                __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 *>(&x);
+                v = __hfma2(__hsub2(v, m128), s2[r], b2[r]);
+                // fragment registers 0 (row r0) and 1 (r0 + 8) at k, 2 and 3 at k + 8
+                a[4 * s + 2 * h + r] = *reinterpret_cast<uint32_t *>(&v);
+            }
 }
 
 // One k-tile (of the item's tiles up to KT): wait for its stage, start the load of tile kt + DIST,
@@ -636,7 +630,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     // + 64, + 72 for MB = 2)
     c.r0 = (warp >> 2) * 64 * MB + (warp & 3) * 16 + (lane >> 2);
     const uint32_t t = lane & 3;
-    c.sel = t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12);
+    c.wo = 4 * t + ((((uint32_t)c.r0 >> 2) & 1) << 4); // (rows + 8, + 64 alike)
 
     setup_loads<SH>(p, c, cur);
     prologue<SH>(p, c, cur, kt0, kt1);

@@ -15,9 +15,7 @@ __global__ void embed_kernel(const struct dmat emb, const int32_t *tokens, float
         } else if (emb.type == WT_BF16) {
             v = __bfloat162float(reinterpret_cast<const bf16 *>(row)[k]);
         } else {
-            const int per = 32 / emb.bits;
-            uint32_t word = reinterpret_cast<const uint32_t *>(row)[k / per];
-            uint32_t q = (word >> (emb.bits * (k % per))) & ((1u << emb.bits) - 1);
+            const uint32_t q = q_value(row, emb.bits, k);
             const bf16 *sc =
                 reinterpret_cast<const bf16 *>(emb.scales + (size_t)id * emb.sb_row_stride);
             const bf16 *bi =

@@ -162,10 +162,15 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
         for (int pl = 0; pl < 2; pl++) {
             const int *y = x[pl];
             if constexpr (BITS == 4) {
-                // weight word k holds values 8k..8k+7, even ones in the low nibbles of its bytes:
-                // lo pairs with the low nibbles, hi with the high ones
-                reinterpret_cast<uint32_t *>(q.lo[pl] + blk)[k] = pack4(y[0], y[2], y[4], y[6]);
-                reinterpret_cast<uint32_t *>(q.hi[pl] + blk)[k] = pack4(y[1], y[3], y[5], y[7]);
+                // weight word t of a chunk (device layout, common.cuh) holds values 8m + 2t + e at
+                // nibble m + 4e: lo pairs with the low nibbles of its bytes, values (2t, 16 + 2t,
+                // 2t + 1, 17 + 2t), hi with the high ones, (8 + 2t, 24 + 2t, 9 + 2t, 25 + 2t). So
+                // value 2t + e of unit k (m = k) is byte (k >> 1) + 2e of word t of lo (k even) or
+                // hi (k odd): byte stores, no exchange between the lanes of a block
+                uint8_t *o =
+                    reinterpret_cast<uint8_t *>((k & 1 ? q.hi[pl] : q.lo[pl]) + blk) + (k >> 1);
+#pragma unroll
+                for (int j = 0; j < 8; j++) o[4 * (j >> 1) + 2 * (j & 1)] = (uint8_t)y[j];
             } else {
                 // lo holds values 0-15 (units 0, 1), hi values 16-31 (units 2, 3), in order
                 uint32_t *h = reinterpret_cast<uint32_t *>((k < 2 ? q.lo[pl] : q.hi[pl]) + blk);
