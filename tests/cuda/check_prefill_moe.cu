@@ -166,6 +166,7 @@ static void check(int T, int E, int k, int H, int I, int bm0) {
         free_moe(m);
     }
     set_path(0);
+    free_tmat(G), free_tmat(U), free_tmat(D);
 }
 
 // wg: 0 mma, else the wgmma kernel's item shape; nb: its weight-row blocks per CTA (0: automatic)

@@ -162,6 +162,14 @@ static tmat make_tmat(enum wtype type, int n, int rows, int cols, int group) {
     return m;
 }
 
+// Frees the device copies of a make_tmat matrix.
+static inline void free_tmat(tmat &m) {
+    for (const void *q :
+         {(const void *)m.d.data, (const void *)m.d.scales, (const void *)m.d.biases})
+        CK(cudaFree(const_cast<void *>(q)));
+    m.d.data = m.d.scales = m.d.biases = nullptr;
+}
+
 static std::vector<uint16_t> rand_bf16(size_t n, float amp) {
     std::vector<uint16_t> v(n);
     for (auto &x : v) x = h_bf16(rnd_n() * amp);
