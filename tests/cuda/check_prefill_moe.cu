@@ -53,13 +53,13 @@ static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int 
 }
 
 // The GPU paths every configuration runs: mma.sync, automatic (wgmma: the item shape by the tile
-// map), shapes 1-3, shape 1 with 2 and 4 weight-row blocks per CTA (where the shapes allow it),
+// map), shapes 1-3, shape 1 with 2, 4 and 8 weight-row blocks per CTA (where the shapes allow it),
 // shape 4. PF_CHECK_PATHS=a,b,... runs only those (ids below; unset or empty: all).
-static const int PATHS[] = {-1, 0, 1, 2, 3, 4, 5, 6};
+static const int PATHS[] = {-1, 0, 1, 2, 3, 4, 5, 6, 7};
 static const char *set_path(int path) {
     pf_gemm_force_path(path == -1 ? 1 : 0);
     pf_gemm_wg_shape(path < 0 ? 0 : path == 6 ? 4 : path > 3 ? 1 : path);
-    pf_gemm_wg_blocks(path == 4 ? 2 : path == 5 ? 4 : 0);
+    pf_gemm_wg_blocks(path == 4 ? 2 : path == 5 ? 4 : path == 7 ? 8 : 0);
     return path == -1  ? " [mma]"
            : path == 0 ? " [auto]"
            : path == 1 ? " [r128]"
@@ -67,6 +67,7 @@ static const char *set_path(int path) {
            : path == 3 ? " [r256 t32]"
            : path == 4 ? " [r128 nb2]"
            : path == 5 ? " [r128 nb4]"
+           : path == 7 ? " [r128 nb8]"
                        : " [r128 t128 2cta]";
 }
 
@@ -223,15 +224,15 @@ int main(int argc, char **argv) {
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
     if (argc > 2 && !strcmp(argv[1], "--bench-only")) {
         // one prompt length, the wgmma item shapes 1 (weight-row blocks per CTA automatic, then 1,
-        // 2 and 4), 2, 4 and (up to 2K tokens) 3, then the mma.sync kernel with 128-row tiles (for
-        // profilers and A/B runs): no checks
+        // 2, 4 and 8), 2, 4 and (up to 2K tokens) 3, then the mma.sync kernel with 128-row tiles
+        // (for profilers and A/B runs): no checks
         const int T = atoi(argv[2]);
         if (T <= 0 || !pf_gemm_wg_available()) {
             fprintf(stderr, "usage: check_prefill_moe --bench-only T (needs the sm_90a kernel)\n");
             return 2;
         }
         bench(T, 256, 1);
-        for (int nb : {1, 2, 4}) bench(T, 256, 1, nb);
+        for (int nb : {1, 2, 4, 8}) bench(T, 256, 1, nb);
         bench(T, 128, 2), bench(T, 128, 4);
         if (T <= 2048) bench(T, 32, 3);
         bench(T, 128, 0);

@@ -695,7 +695,7 @@ void pf_gemm_wg_shape(int shape) {
 }
 
 void pf_gemm_wg_blocks(int nb) {
-    g_blocks = nb == 1 || nb == 2 || nb == 4 ? nb : 0;
+    g_blocks = nb == 1 || nb == 2 || nb == 4 || nb == 8 ? nb : 0;
 }
 
 int pf_gemm_wg_tokens() {

@@ -62,8 +62,8 @@ void pf_gemm_force_path(int path);
 // map's height, which pf_gemm_wg_group_bm picks from the average rows per expert). Forcing a shape
 // is a test and benchmark hook. pf_gemm_wg_tokens() is the largest grouped tile the kernel takes.
 void pf_gemm_wg_shape(int shape);
-// Test and benchmark hook: weight-row blocks per CTA of the wgmma kernel (1, 2, 4; 0 = automatic:
-// more blocks hide each CTA's start, fewer keep the SMs evenly loaded).
+// Test and benchmark hook: weight-row blocks per CTA of the wgmma kernel (1, 2, 4, 8; 0 =
+// automatic: more blocks hide each CTA's start, fewer keep the SMs evenly loaded).
 void pf_gemm_wg_blocks(int nb);
 int pf_gemm_wg_tokens();
 int pf_gemm_wg_group_bm(int avg_rows);
