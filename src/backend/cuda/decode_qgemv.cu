@@ -1,7 +1,8 @@
-// Batch-1 GEMV for MLX 4- and 8-bit weights with the activation quantized to two int8 planes
-// per block of 32 values and the dot products done by dp4a: a 16-byte weight chunk costs ~30
-// integer instructions instead of ~100 float ones, so the kernel streams weights at memory speed
-// instead of being instruction-bound. With d = max|x| / 127 per block:
+// Batch-1 GEMV for 4-bit (in the device layout, common.cuh) and 8-bit MLX weights with the
+// activation quantized to two int8 planes per block of 32 values and the dot products done by
+// dp4a: a 16-byte weight chunk costs ~30 integer instructions instead of ~100 float ones, so the
+// kernel streams weights at memory speed instead of being instruction-bound. With d = max|x| / 127
+// per block:
 //   x ~= d * (x1 + x2 / 254),  x1 = round(x / d),  x2 = round(254 (x / d - x1))   (|x1|, |x2| <=
 //   127)
 // which keeps x to ~1/64500 of the block's max (finer than bf16), and the affine term uses exact

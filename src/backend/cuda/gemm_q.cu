@@ -70,7 +70,7 @@ __device__ __forceinline__ void store_b(const bfrag &f, bf16 *Bs, int v, int c0)
         // 128 + q as bf16 pairs (exponent of 128, q in the low mantissa bits); minus 128 is exact,
         // then one bf16x2 FMA (q * s + b, rounded once, like an f32 FMA rounded to bf16). In the
         // device layout (common.cuh) nibbles j and j + 4 of word t are values 8j + 2t and + 1 of
-        // the chunk: word t of the 16-byte group j of the row.
+        // the chunk: as a bf16 pair, word t of the chunk's j-th 8 values in shared memory.
         const __nv_bfloat162 s2 = __float2bfloat162_rn(f.s), b2 = __float2bfloat162_rn(f.b);
         const __nv_bfloat162 m128 = __float2bfloat162_rn(128.f);
         const uint32_t *w = reinterpret_cast<const uint32_t *>(&f.q[0]);
