@@ -682,7 +682,7 @@ __global__ void wg_probe(int *out) {
 
 int g_force_path = 0;
 int g_shape = 0;  // work-item shape (wg_shape): 1-4, or 0 = by the tile map
-int g_blocks = 0; // weight-row blocks per CTA: 1, 2, 4, or 0 = automatic
+int g_blocks = 0; // weight-row blocks per CTA: 1, 2, 4, 8, or 0 = automatic
 
 } // namespace
 
