@@ -11,11 +11,13 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *g, boo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
                  "r"(pred ? 16 : 0));
 }
+// Both clobber memory: the compiler must not move shared-memory reads of the copied data above
+// the wait, nor plain stores into a stage below the commit that publishes it.
 static __device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -2,8 +2,8 @@
 #include "backend/cuda/common.cuh"
 
 namespace {
-// One thread per 16-byte chunk: MLX value v = 8j + 2t + e (word j, nibble 2t + e) moves to word
-// t, nibble j + 4e (j = 2s + h).
+// One thread per 16-byte chunk: MLX value v (word v / 8, nibble v % 8) moves to word q4_word(v)
+// at bit q4_shift(v).
 __global__ void q4_repack_kernel(uint4 *d, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -11,12 +11,8 @@ __global__ void q4_repack_kernel(uint4 *d, size_t n) {
         const uint32_t src[4] = {c.x, c.y, c.z, c.w};
         uint32_t dst[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    dst[t] |= ((src[j] >> (4 * (2 * t + e))) & 15u) << (4 * (j + 4 * e));
+        for (int v = 0; v < 32; v++)
+            dst[q4_word(v)] |= ((src[v >> 3] >> (4 * (v & 7))) & 15u) << q4_shift(v);
         d[i] = make_uint4(dst[0], dst[1], dst[2], dst[3]);
     }
 }
