@@ -52,7 +52,9 @@ for m in tiny-mlx4 tiny-mlx8; do echo "-- e2e $m"; timeout 200 $emu/cuda_checks/
 echo "== emulated: 35B synthesized model"
 ( while true; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits; sleep 0.5; done ) > /tmp/mem.log 2>&1 &
 smp=$!
-timeout 300 $emu/wren bench -m /dev/shm/m --backend cuda --repeat 1 --gen 32 --prefill 4096 --decode 4096,32768 2>&1 | grep -v "^load"
+# best of 2: the first run of the PTX build includes the driver's JIT compile of the kernels the
+# tiny fixtures did not use (a 4K prefill measured 8.4K instead of 25.8K tok/s once)
+timeout 300 $emu/wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 32 --prefill 4096 --decode 4096,32768 2>&1 | grep -v "^load"
 kill $smp
 awk -F', ' -v b=$bp '$1 != b && $2+0 > m {m = $2+0} END {print "peak device memory of the wren process (nvidia-smi):", m, "MiB"}' /tmp/mem.log
 echo "== emulated: prefill kernel checks (sm_80 code)"
