@@ -18,7 +18,6 @@ namespace {
 constexpr int PF_SMALL_M = 16;
 
 int g_force; // 0: by PF_SMALL_M, 1: never, 2: whenever the shapes fit
-int g_sms;
 size_t g_smem_set;
 
 struct small_params {
@@ -158,11 +157,6 @@ int pf_gemm_small(cudaStream_t s, const bf16 *A, int lda, int M, const struct dm
     p.nit = (p.C16 + QG_CHUNKS - 1) / QG_CHUNKS;
     p.gshift = log2i(W->group / (128 / bits));
     p.RS = epi == EPI_SWIGLU_BF16 ? p.N : (p.N + QG_R - 1) / QG_R;
-    if (!g_sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-    }
     const size_t smem = smem_bytes(K);
     void (*k)(const small_params) = bits == 4 ? gemm_small_kernel<4> : gemm_small_kernel<8>;
     if (smem > g_smem_set) { // both instantiations, once per larger size
@@ -172,8 +166,9 @@ int pf_gemm_small(cudaStream_t s, const bf16 *A, int lda, int M, const struct dm
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         g_smem_set = smem;
     }
+    const int sms = pf_device_sms();
     int bx = (p.RS + QG_WARPS - 1) / QG_WARPS;
-    if (bx > 2 * g_sms) bx = 2 * g_sms;
+    if (bx > 2 * sms) bx = 2 * sms;
     k<<<dim3(bx, (M + SG_T - 1) / SG_T), QG_THREADS, smem, s>>>(p);
     CUDA_CHECK_LAUNCH();
     return 0;
