@@ -1,7 +1,7 @@
 // Prefill throughput on a full-size Qwen3.6-35B-A3B-shaped model with random 4-bit weights made
 // on the GPU (no checkpoint has to travel): tokens/s per prompt length, achieved TFLOP/s and the
 // time by kernel kind. Random weights route tokens about uniformly over the experts.
-// usage: [PF_GEMM_PATH=1] [PF_WG_SHAPE=1|2|3|4] [PF_WG_NB=1|2|4|8] [PF_SMALL=1|2]
+// usage: [PF_GEMM_PATH=1] [PF_WG_SHAPE=1|2|3|4] [PF_WG_NB=1|2|4|8] [PF_WG_PROD=0] [PF_SMALL=1|2]
 // [PF_SPLIT=1|S] check_prefill_bench CHUNK LEN [LEN...] (one line per length; for lengths up to
 // 512 in one chunk also the time the GPU alone needs, to tell host-bound from GPU-bound calls, and
 // the time by kernel kind)
@@ -49,6 +49,8 @@ int main(int argc, char **argv) {
     if (getenv("PF_WG_SHAPE")) pf_gemm_wg_shape(atoi(getenv("PF_WG_SHAPE")));
     // PF_WG_NB=1|2|4|8: the wgmma kernel's weight-row blocks per CTA (default: by the CTA count)
     if (getenv("PF_WG_NB")) pf_gemm_wg_blocks(atoi(getenv("PF_WG_NB")));
+    // PF_WG_PROD=0: shape 1 without the loader warpgroup
+    if (getenv("PF_WG_PROD")) pf_gemm_wg_producer(atoi(getenv("PF_WG_PROD")));
     // PF_SMALL=1|2: never / whenever it fits the few-rows GEMM kernel (default: by row count)
     if (getenv("PF_SMALL")) pf_gemm_small_force(atoi(getenv("PF_SMALL")));
     // PF_SPLIT=1|S: never split dense GEMMs along K / S parts wherever K allows (default: by CTAs)

@@ -120,25 +120,28 @@ int main(int argc, char **argv) {
     // 256-row work items; 3: the small-M kernel; 4 / 5: mma.sync / wgmma split in 3 parts;
     // 6: wgmma split in 16 parts (or one per k-tile); 7: wgmma items of 256 rows x 32 tokens;
     // 8 / 9: wgmma with 2 / 4 weight-row blocks per CTA (where N and K allow, else 1); 10: wgmma
-    // items of 128 rows x 128 tokens, two CTAs per SM
-    for (int path : {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
+    // items of 128 rows x 128 tokens, two CTAs per SM; 11: shape 1 on the kernel without the loader
+    // warpgroup
+    for (int path : {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
+        pf_gemm_wg_producer(path == 11 ? 0 : 1);
         pf_gemm_force_path(path == 1 || path == 4 ? 1 : 0);
         pf_gemm_wg_shape(path == 2 ? 2 : path == 7 ? 3 : path == 10 ? 4 : 0);
         pf_gemm_wg_blocks(path == 8 ? 2 : path == 9 ? 4 : 0);
         pf_gemm_small_force(path == 3 ? 2 : 1);
         pf_gemm_split_force(path == 0 ? 0 : path == 4 || path == 5 ? 3 : path == 6 ? 16 : 1);
         g_exact = path == 3;
-        g_path = path == 1   ? " [mma]"
-                 : path == 0 ? " [auto]"
-                 : path == 2 ? " [wgmma r256]"
-                 : path == 3 ? " [small-M]"
-                 : path == 4 ? " [mma split 3]"
-                 : path == 5 ? " [wgmma split 3]"
-                 : path == 6 ? " [wgmma split 16]"
-                 : path == 7 ? " [wgmma s3]"
-                 : path == 8 ? " [wgmma nb2]"
-                 : path == 9 ? " [wgmma nb4]"
-                             : " [wgmma s4]";
+        g_path = path == 1    ? " [mma]"
+                 : path == 0  ? " [auto]"
+                 : path == 2  ? " [wgmma r256]"
+                 : path == 3  ? " [small-M]"
+                 : path == 4  ? " [mma split 3]"
+                 : path == 5  ? " [wgmma split 3]"
+                 : path == 6  ? " [wgmma split 16]"
+                 : path == 7  ? " [wgmma s3]"
+                 : path == 8  ? " [wgmma nb2]"
+                 : path == 9  ? " [wgmma nb4]"
+                 : path == 10 ? " [wgmma s4]"
+                              : " [wgmma, no loader warpgroup]";
         check_case("q4 g64 f32", WT_Q4, 64, 300, 200, 512, EPI_F32);
         check_case("q4 g64 f32 small", WT_Q4, 64, 3, 130, 64, EPI_F32);
         check_case("q8 g64 bf16", WT_Q8, 64, 37, 256, 128, EPI_BF16);
@@ -174,6 +177,7 @@ int main(int argc, char **argv) {
     pf_gemm_force_path(0);
     pf_gemm_wg_shape(0);
     pf_gemm_wg_blocks(0);
+    pf_gemm_wg_producer(1);
     pf_gemm_small_force(0);
     pf_gemm_split_force(0);
     g_exact = false;

@@ -54,12 +54,14 @@ static void run_moe(cudaStream_t s, moe_dev &m, int T, int E, int k, int H, int 
 
 // The GPU paths every configuration runs: mma.sync, automatic (wgmma: the item shape by the tile
 // map), shapes 1-3, shape 1 with 2, 4 and 8 weight-row blocks per CTA (where the shapes allow it),
-// shape 4. PF_CHECK_PATHS=a,b,... runs only those (ids below; unset or empty: all).
-static const int PATHS[] = {-1, 0, 1, 2, 3, 4, 5, 6, 7};
+// shape 4, shape 1 with 4 blocks on the kernel without the loader warpgroup. PF_CHECK_PATHS=a,b,...
+// runs only those (ids below; unset or empty: all).
+static const int PATHS[] = {-1, 0, 1, 2, 3, 4, 5, 6, 7, 8};
 static const char *set_path(int path) {
     pf_gemm_force_path(path == -1 ? 1 : 0);
     pf_gemm_wg_shape(path < 0 ? 0 : path == 6 ? 4 : path > 3 ? 1 : path);
-    pf_gemm_wg_blocks(path == 4 ? 2 : path == 5 ? 4 : path == 7 ? 8 : 0);
+    pf_gemm_wg_blocks(path == 4 ? 2 : path == 5 || path == 8 ? 4 : path == 7 ? 8 : 0);
+    pf_gemm_wg_producer(path == 8 ? 0 : 1);
     return path == -1  ? " [mma]"
            : path == 0 ? " [auto]"
            : path == 1 ? " [r128]"
@@ -68,6 +70,7 @@ static const char *set_path(int path) {
            : path == 4 ? " [r128 nb2]"
            : path == 5 ? " [r128 nb4]"
            : path == 7 ? " [r128 nb8]"
+           : path == 8 ? " [r128 nb4, no loader warpgroup]"
                        : " [r128 t128 2cta]";
 }
 
@@ -233,6 +236,12 @@ int main(int argc, char **argv) {
         }
         bench(T, 256, 1);
         for (int nb : {1, 2, 4, 8}) bench(T, 256, 1, nb);
+        // shape 1 without the loader warpgroup (the kernel every thread of which loads)
+        pf_gemm_wg_producer(0);
+        printf("(no loader warpgroup)\n");
+        bench(T, 256, 1);
+        for (int nb : {1, 2, 4}) bench(T, 256, 1, nb);
+        pf_gemm_wg_producer(1);
         bench(T, 128, 2), bench(T, 128, 4);
         if (T <= 2048) bench(T, 32, 3);
         bench(T, 128, 0);

@@ -65,6 +65,9 @@ void pf_gemm_wg_shape(int shape);
 // Test and benchmark hook: weight-row blocks per CTA of the wgmma kernel (1, 2, 4, 8; 0 =
 // automatic: more blocks hide each CTA's start, fewer keep the SMs evenly loaded).
 void pf_gemm_wg_blocks(int nb);
+// Test and benchmark hook: shape 1 on the kernel with a loader warpgroup (gemm_wgp.cu) wherever
+// it applies, 1 (default), or always on the kernel whose threads all load, 0.
+void pf_gemm_wg_producer(int on);
 int pf_gemm_wg_tokens();
 int pf_gemm_wg_group_bm(int avg_rows);
 // sm_90a wgmma path for 4-bit weights (gemm_wg.cu): available on this device and binary (and not

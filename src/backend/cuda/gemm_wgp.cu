@@ -1,0 +1,274 @@
+// Shape 1 of the Hopper GEMM (gemm_wg.cu) with a loader warpgroup (sixteenth session).
+// The k-tile of the kernel in gemm_wg.cu issues its own loads: per thread and tile the activation
+// and weight cp.asyncs with their 64-bit addresses, the group commit and wait and a CTA barrier,
+// ~20 of its ~134 instructions, and the fifteenth session's profile found those instruction chains
+// (not the tensor cores) bounding the 128-160-token tiles of a 4K prompt. Here a third warpgroup
+// issues every load: it walks the CTA's tiles in order, waits for a stage to be released (an
+// mbarrier per stage that the 256 math threads arrive on once their wgmmas have read it), copies
+// the tile into it and has the stage's other mbarrier complete when its copies land
+// (cp.async.mbarrier.arrive). The math warpgroups wait on that barrier, dequantize and issue the
+// wgmmas; the producer gives up registers for them (setmaxnreg).
+#include "backend/cuda/gemm_wg.cuh"
+
+namespace wg {
+namespace {
+
+#ifdef WG_DEVICE
+__device__ __forceinline__ void mbar_init_s(uint32_t b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_s(uint32_t b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory");
+}
+// The barrier completes once every cp.async this thread issued before has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(b) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_s(uint32_t b, uint32_t parity) {
+    asm volatile("{\n .reg .pred p;\n WAIT_%=:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra WAIT_%=;\n}\n" ::"r"(b),
+                 "r"(parity)
+                 : "memory");
+}
+
+// The producer's share of an item: thread pt (0..127) copies 16-byte chunk pt % 8 of token rows
+// pt / 8 + 16 i (i < 2 * the tile's 32-token width), weight chunks pt and pt + 128 of each tile,
+// and scale/bias rows pt and pt + 128 (scales of rows 0..127, then biases).
+struct wgp_loader {
+    const bf16 *A;
+    uint32_t a_off[wg_shape<1>::TOK / 16]; // element offsets of the token rows, k-tile 0
+    int nl;                                // token rows per thread and tile
+    uint32_t act_st;
+    const uint8_t *wq[2];
+    uint32_t wq_st[2];
+    bool wq_ok[2];
+    const uint8_t *sb_src[2];
+    bool sb_ok[2];
+    int ng, sbs;
+};
+
+__device__ __forceinline__ void wgp_setup(const wg_params &p, wgp_loader &l, const item_t &it,
+                                          int pt) {
+    constexpr int ROWS = wg_shape<1>::ROWS;
+    const int tok0 = pt >> 3, ch = pt & 7;
+    l.A = p.A;
+    l.nl = 2 * ((it.nrows + 31) >> 5);
+    l.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4); // the 128-byte swizzle (rows 16 apart alike)
+#pragma unroll
+    for (int i = 0; i < wg_shape<1>::TOK / 16; i++) {
+        const int r = it.row0 + min(tok0 + 16 * i, it.nrows - 1);
+        l.a_off[i] = (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int idx = pt + 128 * j, v = idx >> 1;
+        int m;
+        const int n = row_of<1>(p, it.by, v, m);
+        l.wq_ok[j] = n < p.N;
+        l.wq[j] = p.w[m].data + it.expert * p.w[m].ms + (size_t)(l.wq_ok[j] ? n : 0) * p.w[m].rs +
+                  (idx & 1) * 16;
+        l.wq_st[j] = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
+        const int vs = idx % ROWS, ns = row_of<1>(p, it.by, vs, m);
+        l.sb_ok[j] = ns < p.N;
+        l.sb_src[j] = (idx < ROWS ? p.w[m].scales : p.w[m].biases) + it.expert * p.w[m].sbms +
+                      (size_t)(l.sb_ok[j] ? ns : 0) * p.w[m].sbrs;
+    }
+    l.ng = p.K / p.w[0].group;
+    l.sbs = p.sbs;
+}
+
+// The producer warpgroup: every tile of the CTA (MULTI: nb blocks x K / 64) in order, each block's
+// scales with its first tile (into the slot the block before last read: its tiles were released
+// before this tile's stage, as K / 64 >= STAGES - 1, which blocks_per_cta ensures).
+template <bool MULTI>
+__device__ __forceinline__ void wgp_produce(const wg_params &p, const wgp_loader &l, uint32_t smem,
+                                            uint32_t sbuf, uint32_t full, uint32_t empty) {
+    constexpr int STAGES = wg_shape<1>::STAGES, STAGE = wg_shape<1>::STAGE;
+    const int KT = p.K / 64, lend = MULTI ? p.nb * KT : KT;
+    int s = 0;
+    uint32_t ph = 0; // parity of the stage's current use
+    for (int lg = 0; lg < lend; lg++) {
+        if (lg >= STAGES) mbar_wait_s(empty + 8 * s, ph ^ 1);
+        const int b = MULTI ? lg >> p.kshift : 0, lk = MULTI ? lg & p.kmask : lg;
+        if (lk == 0) {
+            const uint32_t dst = sbuf + (b & 1) * p.sb_slot;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                if (!l.sb_ok[j]) continue;
+                const uint32_t d = dst + (threadIdx.x - 256 + 128 * j) * l.sbs;
+                const uint8_t *src = l.sb_src[j] + b * p.sbbs;
+                for (int ch = 0; ch < l.ng / 8; ch++) cp_async16_s(d + ch * 16, src + ch * 16);
+            }
+        }
+        const uint32_t st = smem + (uint32_t)s * STAGE;
+#pragma unroll
+        for (int i = 0; i < wg_shape<1>::TOK / 16; i++)
+            if (i < l.nl) cp_async16_s(st + l.act_st + i * 16 * 128, l.A + l.a_off[i] + lk * 64);
+        const uint32_t wo = (MULTI ? (uint32_t)b * p.wbs : 0) + lk * 32;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            if (l.wq_ok[j]) cp_async16_s(st + wg_shape<1>::ACT + l.wq_st[j], l.wq[j] + wo);
+        cp_async_mbar_arrive(full + 8 * s);
+        if (++s == STAGES) s = 0, ph ^= 1;
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// A math k-tile in two halves. wgp_load: wait for the stage's copies and dequantize (while the
+// previous tile's wgmmas run). wgp_issue: retire those and release their stage, issue this tile's.
+// FIRST: the block's tile 0, whose first wgmma overwrites the accumulators (no zeroing per block)
+// and which has no tile of the block in flight before it (a block's last tile is released after
+// its k loop).
+__device__ __forceinline__ void wgp_load(const wg_ctx<1> &c, int kt, uint32_t full, int sc,
+                                         uint32_t ph, uint32_t sb, uint32_t (&a)[16]) {
+    mbar_wait_s(full + 8 * sc, ph);
+    fence_proxy_async(); // the copies were written through the generic proxy; wgmma reads async
+    dequant<1>(c, kt, c.smem + (uint32_t)sc * wg_shape<1>::STAGE, sb, 0, a);
+}
+
+template <int NT, bool FIRST>
+__device__ __forceinline__ void wgp_issue(const wg_ctx<1> &c, uint32_t empty, int &sc, uint32_t &ph,
+                                          const uint32_t (&a)[16], float (&acc)[NT / 2]) {
+    constexpr int STAGES = wg_shape<1>::STAGES;
+    const uint64_t d0 = act_desc(c.smem + (uint32_t)sc * wg_shape<1>::STAGE);
+    wg_wait<0>();
+    if (!FIRST) mbar_arrive_s(empty + 8 * (sc > 0 ? sc - 1 : STAGES - 1));
+    if (++sc == STAGES) sc = 0, ph ^= 1;
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const uint32_t(&as)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&a[4 * s]);
+        if (FIRST && s == 0)
+            wgmma_rs<NT>::run_first(acc, as, d0);
+        else
+            wgmma_rs<NT>::run(acc, as, d0 + 2 * s);
+    }
+    wg_commit();
+}
+
+template <int NT, bool MULTI>
+__device__ __forceinline__ void wgp_item(const wg_params &p, const wg_ctx<1> &c, const item_t &cur,
+                                         uint32_t full, uint32_t empty) {
+    const int nb = MULTI ? p.nb : 1, KT = p.K / 64;
+    int sc = 0;
+    uint32_t ph = 0;
+    float acc[1][NT / 2];
+    uint32_t a0[16], a1[16];
+#pragma unroll
+    for (int i = 0; i < NT / 2; i++) acc[0][i] = 0.f; // (defined values; every block overwrites)
+    for (int b = 0; b < nb; b++) {
+        fence_acc(acc[0]);
+        const uint32_t sb = c.sbuf + (b & 1) * p.sb_slot;
+        // register sets alternate strictly (see run_item)
+        wgp_load(c, 0, full, sc, ph, sb, a0);
+        wgp_issue<NT, true>(c, empty, sc, ph, a0, acc[0]);
+        int kt = 1;
+        for (; kt + 1 < KT; kt += 2) {
+            wgp_load(c, kt, full, sc, ph, sb, a1);
+            wgp_issue<NT, false>(c, empty, sc, ph, a1, acc[0]);
+            wgp_load(c, kt + 1, full, sc, ph, sb, a0);
+            wgp_issue<NT, false>(c, empty, sc, ph, a0, acc[0]);
+        }
+        if (kt < KT) {
+            wgp_load(c, kt, full, sc, ph, sb, a1);
+            wgp_issue<NT, false>(c, empty, sc, ph, a1, acc[0]);
+        }
+        wg_wait<0>();
+        fence_acc(acc[0]);
+        mbar_arrive_s(empty + 8 * (sc > 0 ? sc - 1 : wg_shape<1>::STAGES - 1));
+        item_t it = cur;
+        it.by += b;
+        epilogue<1, NT>(p, c, it, acc);
+    }
+}
+
+#endif // WG_DEVICE
+
+// The loader-warpgroup kernel: warpgroups 0 and 1 compute, warpgroup 2 loads.
+// Shared memory: the ring, the stages' mbarriers, the scale slots.
+template <bool MULTI>
+__global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_params p) {
+#ifdef WG_DEVICE
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    constexpr int STAGES = wg_shape<1>::STAGES, TOK = wg_shape<1>::TOK;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
+    item_t cur;
+    if (!get_item<1, MULTI>(p, n_mtiles, blockIdx.x, cur)) return;
+    const uint32_t smem = (smem_u32(smem_raw) + 1023) & ~1023u;
+    const uint32_t full = smem + STAGES * wg_shape<1>::STAGE, empty = full + 8 * STAGES;
+    const uint32_t sbuf = full + WGP_BAR_BYTES;
+    if (tid == 0)
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init_s(full + 8 * s, 128);
+            mbar_init_s(empty + 8 * s, 256);
+        }
+    __syncthreads();
+    if (warp >= 8) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WGP_LOAD_REGS));
+        wgp_loader l;
+        wgp_setup(p, l, cur, tid - 256);
+        wgp_produce<MULTI>(p, l, smem, sbuf, full, empty);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WGP_MATH_REGS));
+    wg_ctx<1> c;
+    c.smem = smem;
+    c.sbuf = sbuf;
+    c.ng = p.K / p.w[0].group;
+    c.sbs = p.sbs;
+    c.gsh = __ffs(p.w[0].group) - 7;
+    c.r0 = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
+    c.wo = 4 * (lane & 3) + ((((uint32_t)c.r0 >> 2) & 1) << 4);
+    switch ((cur.nrows + 31) >> 5) {
+    case 1:
+        wgp_item<32, MULTI>(p, c, cur, full, empty);
+        break;
+    case 2:
+        wgp_item<64, MULTI>(p, c, cur, full, empty);
+        break;
+    case 3:
+        wgp_item<96, MULTI>(p, c, cur, full, empty);
+        break;
+    case 4:
+        wgp_item<128, MULTI>(p, c, cur, full, empty);
+        break;
+    case 5:
+        wgp_item<160, MULTI>(p, c, cur, full, empty);
+        break;
+    case 6:
+        wgp_item<192, MULTI>(p, c, cur, full, empty);
+        break;
+    case 7:
+        wgp_item<224, MULTI>(p, c, cur, full, empty);
+        break;
+    default:
+        wgp_item<256, MULTI>(p, c, cur, full, empty);
+        break;
+    }
+#else
+    (void)p;
+#endif
+}
+
+} // namespace
+
+int launch_loader(cudaStream_t s, const wg_params &p, long items, int smem, struct wren_err *e) {
+    static int attr = 0;
+    if (smem > attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wgp_kernel<false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(gemm_wgp_kernel<true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        attr = smem;
+    }
+    if (p.nb > 1)
+        gemm_wgp_kernel<true><<<(unsigned)items, WGP_THREADS, smem, s>>>(p);
+    else
+        gemm_wgp_kernel<false><<<(unsigned)items, WGP_THREADS, smem, s>>>(p);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+} // namespace wg
