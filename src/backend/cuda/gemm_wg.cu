@@ -495,10 +495,10 @@ namespace {
 // fewer CTAs then share each token tile, so more tiles are live in the L2 at once, and fewer CTAs
 // spread less evenly over the SMs. Measured (bench/RESULTS.md, thirteenth and sixteenth sessions),
 // expert GEMMs: with token tiles of up to ~160 (at most 160 rows per expert on average: a 4K
-// prompt) gate+up (32 k-tiles) gains with 4 blocks (loader kernel: 430-438 TFLOP/s vs 423-427
-// with 2) and the down projection (8 k-tiles) with 8 (325-332 vs 321-327 with 4); with wider
-// tiles (8K) 4 blocks of gate+up lose (472-485 vs 503-516) and 8 of down lose (356-366 vs
-// 374-378), hence at most 64 k-tiles and 4 blocks there. Dense GEMMs keep one block (their token
+// prompt) gate+up (32 k-tiles) gains with 4 blocks (loader kernel: 430-438 TFLOP/s vs 425-428
+// with 2) and the down projection (8 k-tiles) with 8 (324-332 vs 321-327 with 4); with wider
+// tiles (8K) 4 blocks of gate+up lose (472-486 vs 503-516) and 8 of down lose (356-366 vs
+// 374-383), hence at most 64 k-tiles and 4 blocks there. Dense GEMMs keep one block (their token
 // tiles are the largest). ctas: the CTAs with one block each; avg_rows: rows per expert.
 template <int SH>
 int blocks_per_cta(const wg_params &p, bool grouped, long ctas, int avg_rows, int rows_per_block,
