@@ -170,6 +170,7 @@ int main(int argc, char **argv) {
         // whole 128-row blocks (SwiGLU: 64 features) and power-of-two k-tiles: several blocks
         // per CTA on paths 8 and 9
         check_case("q4 g64 f32 N=512 K=512", WT_Q4, 64, 300, 512, 512, EPI_F32);
+        check_case("q4 g64 f32 N=512 K=256", WT_Q4, 64, 200, 512, 256, EPI_F32);
         check_case("q4 g64 add N=1024 K=1024", WT_Q4, 64, 77, 1024, 1024, EPI_ADD_F32);
         check_case("q4 g128 bf16 N=256 K=1024", WT_Q4, 128, 260, 256, 1024, EPI_BF16);
         check_case("q4 g64 swiglu N=256 K=512", WT_Q4, 64, 40, 256, 512, EPI_SWIGLU_BF16);

@@ -255,6 +255,9 @@ int main(int argc, char **argv) {
     check(1, 16, 4, 128, 64, 128);
     check(96, 16, 8, 2048, 512, 256); // the 35B expert shapes (K = 2048 and 512)
     check(150, 8, 2, 1024, 512, 256); // 8 weight-row blocks in both GEMMs: several per CTA
+    // K = 256 (4 k-tiles) with 4 gate/up blocks per CTA (path nb4): the scale slots are reused
+    // with the least margin the loader warpgroup allows
+    check(120, 8, 4, 256, 256, 256);
     if (argc > 1 && !strcmp(argv[argc - 1], "--bench")) {
         // PF_BENCH_TMAX: skip longer prompts (quick comparisons)
         const int tmax = getenv("PF_BENCH_TMAX") ? atoi(getenv("PF_BENCH_TMAX")) : 1 << 30;

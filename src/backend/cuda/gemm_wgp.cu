@@ -254,7 +254,16 @@ __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_param
 
 } // namespace
 
+static_assert(2 * wg_shape<1>::STAGES * 8 <= WGP_BAR_BYTES,
+              "the stages' mbarriers fit their block");
+
 int launch_loader(cudaStream_t s, const wg_params &p, long items, int smem, struct wren_err *e) {
+    // With several blocks per CTA the loader copies block b's scale rows, with block b's first
+    // tile, into the slot block b - 2 used; that tile's stage is free only once every tile of
+    // block b - 2 is released if K / 64 >= STAGES - 1 (blocks_per_cta ensures it).
+    if (p.nb > 1 && p.K / 64 < wg_shape<1>::STAGES - 1)
+        return wren_errf(e, "gemm: %d weight-row blocks per CTA need K >= %d (K = %d)", p.nb,
+                         64 * (wg_shape<1>::STAGES - 1), p.K);
     static int attr = 0;
     if (smem > attr) {
         CUDA_CHECK(cudaFuncSetAttribute(gemm_wgp_kernel<false>,
