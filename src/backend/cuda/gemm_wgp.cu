@@ -7,7 +7,7 @@
 // mbarrier per stage that the 256 math threads arrive on once their wgmmas have read it), copies
 // the tile into it and has the stage's other mbarrier complete when its copies land
 // (cp.async.mbarrier.arrive). The math warpgroups wait on that barrier, dequantize and issue the
-// wgmmas; the producer gives up registers for them (setmaxnreg).
+// wgmmas; the loader gives up registers for them (setmaxnreg).
 #include "backend/cuda/gemm_wg.cuh"
 
 namespace wg {
@@ -32,7 +32,7 @@ __device__ __forceinline__ void mbar_wait_s(uint32_t b, uint32_t parity) {
                  : "memory");
 }
 
-// The producer's share of an item: thread pt (0..127) copies 16-byte chunk pt % 8 of token rows
+// The loader's share of an item: thread pt (0..127) copies 16-byte chunk pt % 8 of token rows
 // pt / 8 + 16 i (i < 2 * the tile's 32-token width), weight chunks pt and pt + 128 of each tile,
 // and scale/bias rows pt and pt + 128 (scales of rows 0..127, then biases).
 struct wgp_loader {
@@ -78,7 +78,7 @@ __device__ __forceinline__ void wgp_setup(const wg_params &p, wgp_loader &l, con
     l.sbs = p.sbs;
 }
 
-// The producer warpgroup: every tile of the CTA (MULTI: nb blocks x K / 64) in order, each block's
+// The loader warpgroup: every tile of the CTA (MULTI: nb blocks x K / 64) in order, each block's
 // scales with its first tile (into the slot the block before last read: its tiles were released
 // before this tile's stage, as K / 64 >= STAGES - 1, which blocks_per_cta ensures).
 template <bool MULTI>
