@@ -32,30 +32,19 @@ namespace {
 // Load-side state for item `it` (gathered activation rows, weight and scale rows).
 template <int SH>
 __device__ __forceinline__ void setup_loads(const wg_params &p, wg_ctx<SH> &c, const item_t &it) {
-    constexpr int MB = wg_shape<SH>::MB, ROWS = wg_shape<SH>::ROWS, TOK = wg_shape<SH>::TOK;
+    constexpr int MB = wg_shape<SH>::MB, TOK = wg_shape<SH>::TOK;
     const int tid = threadIdx.x;
     const int tok0 = tid >> 3, ch = tid & 7;
+    c.act_st = act_offset(tok0, ch);
     c.n_act = (it.nrows - tok0 + 31) / 32;
 #pragma unroll
-    for (int i = 0; i < TOK / 32; i++) {
-        const int r = it.row0 + min(tok0 + 32 * i, it.nrows - 1);
-        c.a_src[i] = p.A + (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
-    }
+    for (int i = 0; i < TOK / 32; i++) c.a_src[i] = p.A + act_source(p, it, tok0 + 32 * i, ch);
 #pragma unroll
     for (int i = 0; i < MB; i++) {
-        // packed weights: chunk (tid + 256 i) = half (16 bytes) of item row (tid + 256 i) / 2
-        const int idx = tid + WG_THREADS * i, v = idx >> 1;
-        int m;
-        const int n = row_of<SH>(p, it.by, v, m);
-        c.wq_ok[i] = n < p.N;
-        c.wq[i] = p.w[m].data + it.expert * p.w[m].ms + (size_t)(c.wq_ok[i] ? n : 0) * p.w[m].rs +
-                  (idx & 1) * 16;
-        c.wq_st[i] = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
-        // scales: row-copy (tid + 256 i) is row % ROWS of the scales (first ROWS) or the biases
-        const int vs = idx % ROWS, ns = row_of<SH>(p, it.by, vs, m);
-        c.sb_ok[i] = ns < p.N;
-        c.sb_src[i] = (idx < ROWS ? p.w[m].scales : p.w[m].biases) + it.expert * p.w[m].sbms +
-                      (size_t)(c.sb_ok[i] ? ns : 0) * p.w[m].sbrs;
+        // weight chunk and scale/bias row copy tid + 256 i
+        const int idx = tid + WG_THREADS * i;
+        c.wq[i] = weight_chunk<SH>(p, it, idx, c.wq_ok[i], c.wq_st[i]);
+        c.sb_src[i] = sb_source<SH>(p, it, idx, c.sb_ok[i]);
     }
 }
 
@@ -81,11 +70,8 @@ template <int SH>
 __device__ __forceinline__ void stage_sb(const wg_ctx<SH> &c, size_t off, uint32_t dst) {
 #pragma unroll
     for (int i = 0; i < wg_shape<SH>::MB; i++) {
-        if (!c.sb_ok[i]) continue;
         const int idx = threadIdx.x + WG_THREADS * i; // scale rows, then bias rows
-        const uint32_t d = dst + idx * c.sbs;
-        for (int ch = 0; ch < c.ng / 8; ch++)
-            cp_async16_s(d + ch * 16, c.sb_src[i] + off + ch * 16);
+        if (c.sb_ok[i]) copy_sb_row(dst + idx * c.sbs, c.sb_src[i] + off, c.ng);
     }
 }
 
@@ -330,8 +316,7 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
     gemm_wg_kernel(const wg_params p) {
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    constexpr int MB = wg_shape<SH>::MB, TOK = wg_shape<SH>::TOK;
+    constexpr int TOK = wg_shape<SH>::TOK;
     constexpr bool SPLIT = MODE == WG_SPLIT;
     const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
     // dense GEMMs split along K: consecutive CTAs take the parts of one item
@@ -345,54 +330,14 @@ __global__ void __launch_bounds__(WG_THREADS, wg_shape<SH>::MIN_BLOCKS)
 
     wg_ctx<SH> c;
     // the 128-byte swizzle repeats every 1024 bytes: align the stages to that
-    c.smem = (smem_u32(smem_raw) + 1023) & ~1023u;
-    c.sbuf = c.smem + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE;
-    c.ng = p.K / p.w[0].group;
-    c.sbs = p.sbs;
-    c.gsh = __ffs(p.w[0].group) - 7; // a power of two >= 64 (pf_gemm_wg_fits)
-    {
-        const int tok0 = tid >> 3, ch = tid & 7;
-        c.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4);
-    }
-    // thread (warpgroup q, warp w, lane g*4+t) owns item rows 64 MB q + 16w + g and + 8 (and
-    // + 64, + 72 for MB = 2)
-    c.r0 = (warp >> 2) * 64 * MB + (warp & 3) * 16 + (lane >> 2);
-    const uint32_t t = lane & 3;
-    c.wo = 4 * t + ((((uint32_t)c.r0 >> 2) & 1) << 4); // (rows + 8, + 64 alike)
-
+    const uint32_t smem = (smem_u32(smem_raw) + 1023) & ~1023u;
+    init_math<SH>(p, c, smem, smem + wg_shape<SH>::STAGES * wg_shape<SH>::STAGE);
     setup_loads<SH>(p, c, cur);
     prologue<SH>(p, c, cur, kt0, kt1);
     // the token tile is the item's rows rounded up to 32: one instantiation per width
-    if constexpr (TOK == 32) {
-        run_item<SH, 32, MODE>(p, c, cur, kt0, kt1, part);
-        return;
-    }
-    switch ((cur.nrows + 31) >> 5) {
-    case 1:
-        run_item<SH, 32, MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    case 2:
-        run_item<SH, 64, MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    case 3:
-        run_item<SH, 96, MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    case 4:
-        run_item<SH, 128, MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    case 5:
-        run_item<SH, (TOK < 160 ? TOK : 160), MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    case 6:
-        run_item<SH, (TOK < 192 ? TOK : 192), MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    case 7:
-        run_item<SH, (TOK < 224 ? TOK : 224), MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    default:
-        run_item<SH, TOK, MODE>(p, c, cur, kt0, kt1, part);
-        break;
-    }
+    with_width<TOK>(cur.nrows, [&](auto nt) {
+        run_item<SH, decltype(nt)::value, MODE>(p, c, cur, kt0, kt1, part);
+    });
 #else
     (void)p;
 #endif

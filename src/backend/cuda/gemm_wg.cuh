@@ -7,6 +7,8 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/wgmma_rs.cuh"
 
+#include <type_traits>
+
 namespace wg {
 
 constexpr int WG_THREADS = 256;         // two warpgroups
@@ -176,6 +178,104 @@ template <int SH> struct wg_ctx {
     int gsh;     // k-tile kt is in group kt >> gsh (groups are 64 << gsh wide)
     uint32_t wo; // word t of its rows' first chunk (chunk h sits at h ^ ((row >> 2) & 1))
 };
+
+// The math threads' part of the context: the stages and scale slot at smem and sbuf, and the
+// weight rows of thread (warpgroup q, warp w, lane g*4+t): 64 MB q + 16w + g and + 8 (and + 64,
+// + 72 for MB = 2).
+template <int SH>
+__device__ __forceinline__ void init_math(const wg_params &p, wg_ctx<SH> &c, uint32_t smem,
+                                          uint32_t sbuf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    c.smem = smem;
+    c.sbuf = sbuf;
+    c.ng = p.K / p.w[0].group;
+    c.sbs = p.sbs;
+    c.gsh = __ffs(p.w[0].group) - 7; // a power of two >= 64 (pf_gemm_wg_fits)
+    c.r0 = (warp >> 2) * 64 * wg_shape<SH>::MB + (warp & 3) * 16 + (lane >> 2);
+    c.wo = 4 * (lane & 3) + ((((uint32_t)c.r0 >> 2) & 1) << 4); // (rows + 8, + 64 alike)
+}
+
+// Byte offset of 16-byte chunk ch of token row tok in a stage's activation tile (the 128-byte
+// swizzle wgmma's descriptor reads).
+__device__ __forceinline__ uint32_t act_offset(int tok, int ch) {
+    return tok * 128 + ((ch ^ (tok & 7)) << 4);
+}
+
+// Element offset of chunk ch of item token tok's activation row at k-tile 0 (tokens past the
+// item's rows repeat its last one, so copies of whole token tiles stay in bounds).
+__device__ __forceinline__ uint32_t act_source(const wg_params &p, const item_t &it, int tok,
+                                               int ch) {
+    const int r = it.row0 + min(tok, it.nrows - 1);
+    return (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
+}
+
+// Packed-weight chunk idx of an item (16-byte half idx & 1 of item row idx / 2): its address at
+// k-tile 0, whether its row exists (ok), and its offset in a stage's weight tile (st: 32-byte rows,
+// the halves swapped in every other group of 4 rows).
+template <int SH>
+__device__ __forceinline__ const uint8_t *weight_chunk(const wg_params &p, const item_t &it,
+                                                       int idx, bool &ok, uint32_t &st) {
+    const int v = idx >> 1;
+    int m;
+    const int n = row_of<SH>(p, it.by, v, m);
+    ok = n < p.N;
+    st = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
+    return p.w[m].data + it.expert * p.w[m].ms + (size_t)(ok ? n : 0) * p.w[m].rs + (idx & 1) * 16;
+}
+
+// Row copy idx of an item's scales and biases (scale rows 0..ROWS-1, then the bias rows): its
+// source and whether its row exists (ok).
+template <int SH>
+__device__ __forceinline__ const uint8_t *sb_source(const wg_params &p, const item_t &it, int idx,
+                                                    bool &ok) {
+    constexpr int ROWS = wg_shape<SH>::ROWS;
+    int m;
+    const int n = row_of<SH>(p, it.by, idx % ROWS, m);
+    ok = n < p.N;
+    return (idx < ROWS ? p.w[m].scales : p.w[m].biases) + it.expert * p.w[m].sbms +
+           (size_t)(ok ? n : 0) * p.w[m].sbrs;
+}
+
+// One scale or bias row (ng bf16 values, whole 16-byte chunks) into shared memory by cp.async.
+__device__ __forceinline__ void copy_sb_row(uint32_t dst, const uint8_t *src, int ng) {
+    for (int ch = 0; ch < ng / 8; ch++) cp_async16_s(dst + ch * 16, src + ch * 16);
+}
+
+// f(std::integral_constant<int, NT>) with the token-tile width NT of an item of nrows rows: its
+// rows rounded up to 32, at most TOK (one instantiation of the k loop per width).
+template <int TOK, class F> __device__ __forceinline__ void with_width(int nrows, F &&f) {
+    using std::integral_constant;
+    if constexpr (TOK == 32) {
+        f(integral_constant<int, 32>());
+        return;
+    }
+    switch ((nrows + 31) >> 5) {
+    case 1:
+        f(integral_constant<int, 32>());
+        break;
+    case 2:
+        f(integral_constant<int, 64>());
+        break;
+    case 3:
+        f(integral_constant<int, 96>());
+        break;
+    case 4:
+        f(integral_constant<int, 128>());
+        break;
+    case 5:
+        f(integral_constant<int, (TOK < 160 ? TOK : 160)>());
+        break;
+    case 6:
+        f(integral_constant<int, (TOK < 192 ? TOK : 192)>());
+        break;
+    case 7:
+        f(integral_constant<int, (TOK < 224 ? TOK : 224)>());
+        break;
+    default:
+        f(integral_constant<int, TOK>());
+        break;
+    }
+}
 
 __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
     uint16_t v;

@@ -50,29 +50,18 @@ struct wgp_loader {
 
 __device__ __forceinline__ void wgp_setup(const wg_params &p, wgp_loader &l, const item_t &it,
                                           int pt) {
-    constexpr int ROWS = wg_shape<1>::ROWS;
     const int tok0 = pt >> 3, ch = pt & 7;
     l.A = p.A;
     l.nl = 2 * ((it.nrows + 31) >> 5);
-    l.act_st = tok0 * 128 + ((ch ^ (tok0 & 7)) << 4); // the 128-byte swizzle (rows 16 apart alike)
+    l.act_st = act_offset(tok0, ch); // (rows 16 apart: the same swizzle)
 #pragma unroll
-    for (int i = 0; i < wg_shape<1>::TOK / 16; i++) {
-        const int r = it.row0 + min(tok0 + 16 * i, it.nrows - 1);
-        l.a_off[i] = (uint32_t)((p.a_rows ? p.a_rows[r] : r) * p.lda + ch * 8);
-    }
+    for (int i = 0; i < wg_shape<1>::TOK / 16; i++)
+        l.a_off[i] = act_source(p, it, tok0 + 16 * i, ch);
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        const int idx = pt + 128 * j, v = idx >> 1;
-        int m;
-        const int n = row_of<1>(p, it.by, v, m);
-        l.wq_ok[j] = n < p.N;
-        l.wq[j] = p.w[m].data + it.expert * p.w[m].ms + (size_t)(l.wq_ok[j] ? n : 0) * p.w[m].rs +
-                  (idx & 1) * 16;
-        l.wq_st[j] = v * 32 + (((idx & 1) ^ ((v >> 2) & 1)) << 4);
-        const int vs = idx % ROWS, ns = row_of<1>(p, it.by, vs, m);
-        l.sb_ok[j] = ns < p.N;
-        l.sb_src[j] = (idx < ROWS ? p.w[m].scales : p.w[m].biases) + it.expert * p.w[m].sbms +
-                      (size_t)(l.sb_ok[j] ? ns : 0) * p.w[m].sbrs;
+        const int idx = pt + 128 * j;
+        l.wq[j] = weight_chunk<1>(p, it, idx, l.wq_ok[j], l.wq_st[j]);
+        l.sb_src[j] = sb_source<1>(p, it, idx, l.sb_ok[j]);
     }
     l.ng = p.K / p.w[0].group;
     l.sbs = p.sbs;
@@ -94,12 +83,10 @@ __device__ __forceinline__ void wgp_produce(const wg_params &p, const wgp_loader
         if (lk == 0) {
             const uint32_t dst = sbuf + (b & 1) * p.sb_slot;
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                if (!l.sb_ok[j]) continue;
-                const uint32_t d = dst + (threadIdx.x - 256 + 128 * j) * l.sbs;
-                const uint8_t *src = l.sb_src[j] + b * p.sbbs;
-                for (int ch = 0; ch < l.ng / 8; ch++) cp_async16_s(d + ch * 16, src + ch * 16);
-            }
+            for (int j = 0; j < 2; j++)
+                if (l.sb_ok[j])
+                    copy_sb_row(dst + (threadIdx.x - 256 + 128 * j) * l.sbs,
+                                l.sb_src[j] + b * p.sbbs, l.ng);
         }
         const uint32_t st = smem + (uint32_t)s * STAGE;
 #pragma unroll
@@ -192,7 +179,7 @@ __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_param
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     constexpr int STAGES = wg_shape<1>::STAGES, TOK = wg_shape<1>::TOK;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
     item_t cur;
     if (!get_item<1, MULTI>(p, n_mtiles, blockIdx.x, cur)) return;
@@ -205,7 +192,7 @@ __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_param
             mbar_init_s(empty + 8 * s, 256);
         }
     __syncthreads();
-    if (warp >= 8) {
+    if (tid >= 256) { // warpgroup 2
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WGP_LOAD_REGS));
         wgp_loader l;
         wgp_setup(p, l, cur, tid - 256);
@@ -214,39 +201,9 @@ __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_param
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WGP_MATH_REGS));
     wg_ctx<1> c;
-    c.smem = smem;
-    c.sbuf = sbuf;
-    c.ng = p.K / p.w[0].group;
-    c.sbs = p.sbs;
-    c.gsh = __ffs(p.w[0].group) - 7;
-    c.r0 = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
-    c.wo = 4 * (lane & 3) + ((((uint32_t)c.r0 >> 2) & 1) << 4);
-    switch ((cur.nrows + 31) >> 5) {
-    case 1:
-        wgp_item<32, MULTI>(p, c, cur, full, empty);
-        break;
-    case 2:
-        wgp_item<64, MULTI>(p, c, cur, full, empty);
-        break;
-    case 3:
-        wgp_item<96, MULTI>(p, c, cur, full, empty);
-        break;
-    case 4:
-        wgp_item<128, MULTI>(p, c, cur, full, empty);
-        break;
-    case 5:
-        wgp_item<160, MULTI>(p, c, cur, full, empty);
-        break;
-    case 6:
-        wgp_item<192, MULTI>(p, c, cur, full, empty);
-        break;
-    case 7:
-        wgp_item<224, MULTI>(p, c, cur, full, empty);
-        break;
-    default:
-        wgp_item<256, MULTI>(p, c, cur, full, empty);
-        break;
-    }
+    init_math<1>(p, c, smem, sbuf);
+    with_width<TOK>(cur.nrows,
+                    [&](auto nt) { wgp_item<decltype(nt)::value, MULTI>(p, c, cur, full, empty); });
 #else
     (void)p;
 #endif
