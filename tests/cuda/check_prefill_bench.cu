@@ -2,9 +2,9 @@
 // on the GPU (no checkpoint has to travel): tokens/s per prompt length, achieved TFLOP/s and the
 // time by kernel kind. Random weights route tokens about uniformly over the experts.
 // usage: [PF_GEMM_PATH=1] [PF_WG_SHAPE=1|2|3|4] [PF_WG_NB=1|2|4|8] [PF_WG_PROD=0] [PF_SMALL=1|2]
-// [PF_SPLIT=1|S] check_prefill_bench CHUNK LEN [LEN...] (one line per length; for lengths up to
-// 512 in one chunk also the time the GPU alone needs, to tell host-bound from GPU-bound calls, and
-// the time by kernel kind)
+// [PF_TILES=0|1] [PF_SPLIT=1|S] check_prefill_bench CHUNK LEN [LEN...] (one line per length; for
+// lengths up to 512 in one chunk also the time the GPU alone needs, to tell host-bound from
+// GPU-bound calls, and the time by kernel kind)
 #include <algorithm>
 #include <chrono>
 
@@ -55,6 +55,8 @@ int main(int argc, char **argv) {
     if (getenv("PF_SMALL")) pf_gemm_small_force(atoi(getenv("PF_SMALL")));
     // PF_SPLIT=1|S: never split dense GEMMs along K / S parts wherever K allows (default: by CTAs)
     if (getenv("PF_SPLIT")) pf_gemm_split_force(atoi(getenv("PF_SPLIT")));
+    // PF_TILES=0|1: the MoE tile map in expert order / larger experts first (default: by rows)
+    if (getenv("PF_TILES")) pf_moe_tiles_by_size(atoi(getenv("PF_TILES")));
     int max_len = 0;
     for (int i = 2; i < argc; i++) max_len = std::max(max_len, atoi(argv[i]));
 

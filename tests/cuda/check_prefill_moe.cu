@@ -62,6 +62,9 @@ static const char *set_path(int path) {
     pf_gemm_wg_shape(path < 0 ? 0 : path == 6 ? 4 : path > 3 ? 1 : path);
     pf_gemm_wg_blocks(path == 4 ? 2 : path == 5 || path == 8 ? 4 : path == 7 ? 8 : 0);
     pf_gemm_wg_producer(path == 8 ? 0 : 1);
+    // both orders of the tile map (the checks' experts have too few rows for the automatic choice
+    // to order them by size)
+    pf_moe_tiles_by_size(path == 8 ? 0 : 1);
     return path == -1  ? " [mma]"
            : path == 0 ? " [auto]"
            : path == 1 ? " [r128]"
@@ -70,7 +73,7 @@ static const char *set_path(int path) {
            : path == 4 ? " [r128 nb2]"
            : path == 5 ? " [r128 nb4]"
            : path == 7 ? " [r128 nb8]"
-           : path == 8 ? " [r128 nb4, no loader warpgroup]"
+           : path == 8 ? " [r128 nb4, no loader warpgroup, tiles in expert order]"
                        : " [r128 t128 2cta]";
 }
 
@@ -170,6 +173,7 @@ static void check(int T, int E, int k, int H, int I, int bm0) {
         free_moe(m);
     }
     set_path(0);
+    pf_moe_tiles_by_size(-1);
     free_tmat(G), free_tmat(U), free_tmat(D);
 }
 
@@ -227,8 +231,8 @@ int main(int argc, char **argv) {
     printf("wgmma kernel: %s\n", pf_gemm_wg_available() ? "available" : "not available");
     if (argc > 2 && !strcmp(argv[1], "--bench-only")) {
         // one prompt length, the wgmma item shapes 1 (weight-row blocks per CTA automatic, then 1,
-        // 2, 4 and 8), 2, 4 and (up to 2K tokens) 3, then the mma.sync kernel with 128-row tiles
-        // (for profilers and A/B runs): no checks
+        // 2, 4 and 8; the same with the tile map in expert order), 2, 4 and (up to 2K tokens) 3,
+        // then the mma.sync kernel with 128-row tiles (for profilers and A/B runs): no checks
         const int T = atoi(argv[2]);
         if (T <= 0 || !pf_gemm_wg_available()) {
             fprintf(stderr, "usage: check_prefill_moe --bench-only T (needs the sm_90a kernel)\n");
@@ -236,6 +240,11 @@ int main(int argc, char **argv) {
         }
         bench(T, 256, 1);
         for (int nb : {1, 2, 4, 8}) bench(T, 256, 1, nb);
+        pf_moe_tiles_by_size(0);
+        printf("(tile map in expert order)\n");
+        bench(T, 256, 1);
+        for (int nb : {2, 4, 8}) bench(T, 256, 1, nb);
+        pf_moe_tiles_by_size(-1);
         // shape 1 without the loader warpgroup (the kernel every thread of which loads)
         pf_gemm_wg_producer(0);
         printf("(no loader warpgroup)\n");

@@ -443,8 +443,10 @@ namespace {
 // prompt) gate+up (32 k-tiles) gains with 4 blocks (loader kernel: 430-438 TFLOP/s vs 425-428
 // with 2) and the down projection (8 k-tiles) with 8 (324-332 vs 321-327 with 4); with wider
 // tiles (8K) 4 blocks of gate+up lose (472-486 vs 503-516) and 8 of down lose (356-366 vs
-// 374-383), hence at most 64 k-tiles and 4 blocks there. Dense GEMMs keep one block (their token
-// tiles are the largest). ctas: the CTAs with one block each; avg_rows: rows per expert.
+// 374-383), hence at most 64 k-tiles and 4 blocks there. With the tile map ordered by expert
+// size (moe_route.cu) gate+up at 4K gains again with 8 blocks (445 vs 441, seventeenth session),
+// one CTA per expert, ~2 CTAs per SM. Dense GEMMs keep one block (their token tiles are the
+// largest). ctas: the CTAs (map capacity) with one block each; avg_rows: rows per expert.
 template <int SH>
 int blocks_per_cta(const wg_params &p, bool grouped, long ctas, int avg_rows, int rows_per_block,
                    int smem2) {
@@ -457,9 +459,9 @@ int blocks_per_cta(const wg_params &p, bool grouped, long ctas, int avg_rows, in
     if (g_blocks) return p.ny % g_blocks ? 1 : g_blocks;
     if (!grouped) return 1;
     const bool narrow = avg_rows <= 160;
-    const long min_ctas = (narrow ? 4L : 6L) * pf_device_sms();
+    const long min_ctas = (narrow ? 2L : 6L) * pf_device_sms();
     for (int nb : {8, 4, 2})
-        if (nb <= (narrow ? 8 : 4) && p.ny % nb == 0 && nb * KT <= (narrow ? 128 : 64) &&
+        if (nb <= (narrow ? 8 : 4) && p.ny % nb == 0 && nb * KT <= (narrow ? 256 : 64) &&
             ctas / nb >= min_ctas)
             return nb;
     return 1;

@@ -55,23 +55,50 @@ __global__ void topk_kernel(const float *logits, int T, int E, int k, bool norm,
     }
 }
 
-// Exclusive scans of counts (row offsets) and of tiles per expert (tile offsets); writes the map.
-__global__ void scan_kernel(const int *counts, int E, int bm, int *offsets, int *cursor, int *tiles,
-                            int *n_tiles) {
-    __shared__ int s_rows[SCAN_THREADS], s_tiles[SCAN_THREADS];
-    const int t = threadIdx.x;
-    int c = t < E ? counts[t] : 0, nt = (c + bm - 1) / bm;
-    s_rows[t] = c;
-    s_tiles[t] = nt;
+// Inclusive scan of s[0..SCAN_THREADS) by the block (Hillis-Steele); s is complete on return.
+__device__ void block_scan(int *s, int t) {
     __syncthreads();
-    for (int o = 1; o < SCAN_THREADS; o <<= 1) { // Hillis-Steele inclusive scan
-        int a = t >= o ? s_rows[t - o] : 0, b = t >= o ? s_tiles[t - o] : 0;
+    for (int o = 1; o < SCAN_THREADS; o <<= 1) {
+        const int a = t >= o ? s[t - o] : 0;
         __syncthreads();
-        s_rows[t] += a;
-        s_tiles[t] += b;
+        s[t] += a;
         __syncthreads();
     }
-    const int row0 = s_rows[t] - c, tile0 = s_tiles[t] - nt;
+}
+
+// Exclusive scan of counts (row offsets) and the tile map. by_size: experts in descending order of
+// rows (all above SCAN_THREADS - 1 rows as one class), an expert's tiles adjacent, so that the
+// grouped GEMM's CTAs (dispatched in index order) start the largest experts first and the SMs
+// finish their last, shortest tiles close together, while tiles that read the same expert's
+// weights still run side by side (sharing them in the L2). The order among experts of equal rows
+// is whatever the atomics give: a tile's results do not depend on its place in the map.
+// Otherwise in expert order.
+__global__ void scan_kernel(const int *counts, int E, int bm, bool by_size, int *offsets,
+                            int *cursor, int *tiles, int *n_tiles) {
+    __shared__ int s_rows[SCAN_THREADS], s_tiles[SCAN_THREADS];
+    const int t = threadIdx.x;
+    const int c = t < E ? counts[t] : 0, nt = (c + bm - 1) / bm;
+    s_rows[t] = c;
+    s_tiles[t] = nt;
+    block_scan(s_rows, t);
+    block_scan(s_tiles, t);
+    const int row0 = s_rows[t] - c, n_all = s_tiles[SCAN_THREADS - 1];
+    int tile0 = s_tiles[t] - nt;
+    if (by_size) {
+        // s_tiles[SCAN_THREADS - 1 - key]: tiles of the experts with key = min(rows, SCAN_THREADS
+        // - 1), scanned, less each slot's own count: where the experts of that key start
+        const int key = SCAN_THREADS - 1 - min(c, SCAN_THREADS - 1);
+        __syncthreads();
+        s_tiles[t] = 0;
+        __syncthreads();
+        if (nt > 0) atomicAdd(&s_tiles[key], nt);
+        __syncthreads();
+        const int own = s_tiles[t];
+        block_scan(s_tiles, t);
+        s_tiles[t] -= own;
+        __syncthreads();
+        if (nt > 0) tile0 = atomicAdd(&s_tiles[key], nt);
+    }
     if (t < E) {
         offsets[t] = row0;
         cursor[t] = 0;
@@ -82,7 +109,7 @@ __global__ void scan_kernel(const int *counts, int E, int bm, int *offsets, int 
         }
     }
     if (t == SCAN_THREADS - 1) {
-        n_tiles[0] = s_tiles[t];
+        n_tiles[0] = n_all;
         offsets[E] = s_rows[t];
     }
 }
@@ -109,7 +136,17 @@ __global__ void combine_kernel(float *x, const float *y, const int *slot, const 
     }
 }
 
+// The tile map by expert size from this many rows per expert on average (the wgmma kernel's
+// item shape 1, gemm_wg.cu). Measured (bench/RESULTS.md, seventeenth session), whole prefill:
+// 4K +3% (the expert GEMMs 11% faster), 8K and 32K unchanged; 1K and 2K 0.4-1% slower.
+constexpr int BY_SIZE_ROWS = 112;
+int g_tiles_by_size = -1;
+
 } // namespace
+
+void pf_moe_tiles_by_size(int mode) {
+    g_tiles_by_size = mode;
+}
 
 int pf_moe_max_tiles(int T, int E, int k, int bm) {
     return (T * k + bm - 1) / bm + E;
@@ -125,8 +162,10 @@ int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool 
     topk_kernel<<<(T * 32 + 255) / 256, 256, 0, s>>>(logits, T, E, k, norm_topk, b->topk_id,
                                                      b->topk_w, b->counts);
     CUDA_CHECK_LAUNCH();
-    scan_kernel<<<1, SCAN_THREADS, 0, s>>>(b->counts, E, bm, b->offsets, b->cursor, b->tiles,
-                                           b->n_tiles);
+    const bool by_size =
+        g_tiles_by_size < 0 ? (long)T * k >= (long)BY_SIZE_ROWS * E : g_tiles_by_size != 0;
+    scan_kernel<<<1, SCAN_THREADS, 0, s>>>(b->counts, E, bm, by_size, b->offsets, b->cursor,
+                                           b->tiles, b->n_tiles);
     CUDA_CHECK_LAUNCH();
     scatter_kernel<<<(T * k + 255) / 256, 256, 0, s>>>(b->topk_id, T * k, k, b->offsets, b->cursor,
                                                        b->sorted_tok, b->slot);

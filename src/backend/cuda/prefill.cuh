@@ -62,7 +62,7 @@ void pf_gemm_force_path(int path);
 // map's height, which pf_gemm_wg_group_bm picks from the average rows per expert). Forcing a shape
 // is a test and benchmark hook. pf_gemm_wg_tokens() is the largest grouped tile the kernel takes.
 void pf_gemm_wg_shape(int shape);
-// Test and benchmark hook: weight-row blocks per CTA of the wgmma kernel (1, 2, 4, 8; 0 =
+// Test and benchmark hook: weight-row blocks per CTA of the wgmma kernel (1, 2, 4, 8, 16; 0 =
 // automatic: more blocks hide each CTA's start, fewer keep the SMs evenly loaded).
 void pf_gemm_wg_blocks(int nb);
 // Test and benchmark hook: shape 1 on the kernel with a loader warpgroup (gemm_wgp.cu) wherever
@@ -112,6 +112,9 @@ struct moe_route_buf {
 int pf_moe_route(cudaStream_t s, const float *logits, int T, int E, int k, bool norm_topk, int bm,
                  const struct moe_route_buf *b, struct wren_err *e);
 int pf_moe_max_tiles(int T, int E, int k, int bm);
+// Test and benchmark hook: the tile map by experts in descending order of rows, 1, or in expert
+// order, 0; -1 (default): by size from 112 rows per expert on average.
+void pf_moe_tiles_by_size(int mode);
 // x[t] += sum_j topk_w[t,j] * y_sorted[slot[t,j]] + g[t] * sh[t] where g = sigmoid(sh_gate[2t])
 // (sh_gate has row stride 2; NULL: g = 1); sh NULL: no shared expert
 int pf_moe_combine(cudaStream_t s, float *x, const float *y_sorted, const int *slot,
