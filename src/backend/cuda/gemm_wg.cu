@@ -141,7 +141,7 @@ k_tile(const wg_params &p, const wg_ctx<SH> &c, int kt, int lg, int lend, int &s
     }
     cp_async_commit(); // (empty near the end: keeps the group count uniform)
 #pragma unroll
-    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, st, sb, mb, a[mb]);
+    for (int mb = 0; mb < MB; mb++) dequant<SH>(c, kt, st + wg_shape<SH>::ACT, sb, mb, a[mb]);
     // descriptors too are wgmma inputs: define them before the fence
     const uint64_t d0 = act_desc(st);
     wg_wait<0>();

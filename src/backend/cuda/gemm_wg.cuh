@@ -289,12 +289,12 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
 // of each of the row's two 16-byte chunks (s = 0, 1 in the first, s = 2, 3 in the second), pair
 // (s, h) at nibbles 2 (s & 1) + h and + 4, i.e. 16 bits apart, where the LOP3 trick builds 128 + q
 // as a bf16 pair; one subtract (exact) and one bf16x2 FMA per pair apply the row's scale and bias
-// (rounded once, as the reference's f32 FMA rounded to bf16).
+// (rounded once, as the reference's f32 FMA rounded to bf16). st: the shared address of the
+// stage's packed weights.
 template <int SH>
-__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t stage, uint32_t sbuf,
+__device__ __forceinline__ void dequant(const wg_ctx<SH> &c, int kt, uint32_t st, uint32_t sbuf,
                                         int mb, uint32_t (&a)[16]) {
     constexpr int WG_ROWS = wg_shape<SH>::ROWS;
-    const uint32_t st = stage + wg_shape<SH>::ACT;
     const int r0 = c.r0 + 64 * mb;
     uint32_t w[2][2]; // [row r0, r0 + 8][chunk]
 #pragma unroll

@@ -13,6 +13,21 @@
 namespace wg {
 namespace {
 
+// The ring of a CTA: its stages hold the item's token width (nt rows of activations, then the
+// weights), so narrow items get more of them: up to MAX_STAGES in the bytes of the launch's
+// STAGES full-width stages, with several blocks per CTA at most K / 64 + 1 (see wgp_produce).
+// The "full" and "empty" mbarriers follow the ring. Loader and math threads derive the ring from
+// the same item; the math threads' stage geometry is known at compile time (their token width).
+constexpr int MAX_STAGES = 8;
+constexpr uint32_t RING_BYTES = wg_shape<1>::STAGES * wg_shape<1>::STAGE;
+constexpr uint32_t FULL_OFF = RING_BYTES, EMPTY_OFF = FULL_OFF + 8 * MAX_STAGES;
+
+template <int NT> struct ring_geom {
+    static constexpr uint32_t ACT = NT * 128, STAGE = ACT + wg_shape<1>::ROWS * 32;
+    static constexpr int N = RING_BYTES / STAGE < MAX_STAGES ? RING_BYTES / STAGE : MAX_STAGES;
+    static_assert(ACT % 1024 == 0 && N >= 5, "aligned stages, at least as many as the launch's");
+};
+
 #ifdef WG_DEVICE
 __device__ __forceinline__ void mbar_init_s(uint32_t b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
@@ -67,18 +82,24 @@ __device__ __forceinline__ void wgp_setup(const wg_params &p, wgp_loader &l, con
     l.sbs = p.sbs;
 }
 
+__device__ __forceinline__ int ring_stages(const wg_params &p, int n_max, bool multi) {
+    return multi ? min(n_max, p.K / 64 + 1) : n_max;
+}
+
 // The loader warpgroup: every tile of the CTA (MULTI: nb blocks x K / 64) in order, each block's
 // scales with its first tile (into the slot the block before last read: its tiles were released
-// before this tile's stage, as K / 64 >= STAGES - 1, which blocks_per_cta ensures).
+// before this tile's stage, as the ring has at most K / 64 + 1 stages and K / 64 >= STAGES - 1).
 template <bool MULTI>
 __device__ __forceinline__ void wgp_produce(const wg_params &p, const wgp_loader &l, uint32_t smem,
-                                            uint32_t sbuf, uint32_t full, uint32_t empty) {
-    constexpr int STAGES = wg_shape<1>::STAGES, STAGE = wg_shape<1>::STAGE;
+                                            uint32_t sbuf, int nrows) {
+    const uint32_t act = (uint32_t)((nrows + 31) >> 5) * 32 * 128, stage = act + 128 * 32;
+    const int n = ring_stages(p, min(MAX_STAGES, (int)(RING_BYTES / stage)), MULTI);
+    const uint32_t full = smem + FULL_OFF, empty = smem + EMPTY_OFF;
     const int KT = p.K / 64, lend = MULTI ? p.nb * KT : KT;
     int s = 0;
     uint32_t ph = 0; // parity of the stage's current use
     for (int lg = 0; lg < lend; lg++) {
-        if (lg >= STAGES) mbar_wait_s(empty + 8 * s, ph ^ 1);
+        if (lg >= n) mbar_wait_s(empty + 8 * s, ph ^ 1);
         const int b = MULTI ? lg >> p.kshift : 0, lk = MULTI ? lg & p.kmask : lg;
         if (lk == 0) {
             const uint32_t dst = sbuf + (b & 1) * p.sb_slot;
@@ -88,40 +109,55 @@ __device__ __forceinline__ void wgp_produce(const wg_params &p, const wgp_loader
                     copy_sb_row(dst + (threadIdx.x - 256 + 128 * j) * l.sbs,
                                 l.sb_src[j] + b * p.sbbs, l.ng);
         }
-        const uint32_t st = smem + (uint32_t)s * STAGE;
+        const uint32_t st = smem + (uint32_t)s * stage;
 #pragma unroll
         for (int i = 0; i < wg_shape<1>::TOK / 16; i++)
             if (i < l.nl) cp_async16_s(st + l.act_st + i * 16 * 128, l.A + l.a_off[i] + lk * 64);
         const uint32_t wo = (MULTI ? (uint32_t)b * p.wbs : 0) + lk * 32;
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            if (l.wq_ok[j]) cp_async16_s(st + wg_shape<1>::ACT + l.wq_st[j], l.wq[j] + wo);
+            if (l.wq_ok[j]) cp_async16_s(st + act + l.wq_st[j], l.wq[j] + wo);
         cp_async_mbar_arrive(full + 8 * s);
-        if (++s == STAGES) s = 0, ph ^= 1;
+        if (++s == n) s = 0, ph ^= 1;
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// A math k-tile in two halves. wgp_load: wait for the stage's copies and dequantize (while the
-// previous tile's wgmmas run). wgp_issue: retire those and release their stage, issue this tile's.
-// FIRST: the block's tile 0, whose first wgmma overwrites the accumulators (no zeroing per block)
-// and which has no tile of the block in flight before it (a block's last tile is released after
-// its k loop).
-__device__ __forceinline__ void wgp_load(const wg_ctx<1> &c, int kt, uint32_t full, int sc,
-                                         uint32_t ph, uint32_t sb, uint32_t (&a)[16]) {
-    mbar_wait_s(full + 8 * sc, ph);
+// The math threads' place in the ring: the next stage to wait for (and its parity), the next to
+// release, the ring's stages. Stages are consumed and released in order.
+struct ring_pos {
+    int sc, rc, n;
+    uint32_t ph;
+};
+
+// Wait for the next stage's copies and dequantize it (while earlier tiles' wgmmas run); returns
+// the stage's shared address.
+template <int NT>
+__device__ __forceinline__ uint32_t wgp_load(const wg_ctx<1> &c, ring_pos &q, int kt, uint32_t sb,
+                                             uint32_t (&a)[16]) {
+    const uint32_t st = c.smem + (uint32_t)q.sc * ring_geom<NT>::STAGE;
+    mbar_wait_s(c.smem + FULL_OFF + 8 * q.sc, q.ph);
     fence_proxy_async(); // the copies were written through the generic proxy; wgmma reads async
-    dequant<1>(c, kt, c.smem + (uint32_t)sc * wg_shape<1>::STAGE, sb, 0, a);
+    dequant<1>(c, kt, st + ring_geom<NT>::ACT, sb, 0, a);
+    if (++q.sc == q.n) q.sc = 0, q.ph ^= 1;
+    return st;
 }
 
+__device__ __forceinline__ void wgp_release(const wg_ctx<1> &c, ring_pos &q) {
+    mbar_arrive_s(c.smem + EMPTY_OFF + 8 * q.rc);
+    if (++q.rc == q.n) q.rc = 0;
+}
+
+// Retire the tile before (its fragment registers are the ones the next load overwrites) and
+// release its stage, then issue this tile's 4 k-steps. FIRST: the block's tile 0, whose first
+// wgmma overwrites the accumulators (no zeroing per block) and which has no tile of the block
+// before it (a block's last tile is retired and released after its k loop).
 template <int NT, bool FIRST>
-__device__ __forceinline__ void wgp_issue(const wg_ctx<1> &c, uint32_t empty, int &sc, uint32_t &ph,
+__device__ __forceinline__ void wgp_issue(const wg_ctx<1> &c, ring_pos &q, uint32_t st,
                                           const uint32_t (&a)[16], float (&acc)[NT / 2]) {
-    constexpr int STAGES = wg_shape<1>::STAGES;
-    const uint64_t d0 = act_desc(c.smem + (uint32_t)sc * wg_shape<1>::STAGE);
+    const uint64_t d0 = act_desc(st); // (descriptors too are wgmma inputs: before the fence)
     wg_wait<0>();
-    if (!FIRST) mbar_arrive_s(empty + 8 * (sc > 0 ? sc - 1 : STAGES - 1));
-    if (++sc == STAGES) sc = 0, ph ^= 1;
+    if (!FIRST) wgp_release(c, q);
     wg_fence();
 #pragma unroll
     for (int s = 0; s < 4; s++) {
@@ -134,36 +170,42 @@ __device__ __forceinline__ void wgp_issue(const wg_ctx<1> &c, uint32_t empty, in
     wg_commit();
 }
 
+// A block's k loop: the wgmmas of tile kt run while tile kt + 1 is dequantized.
+template <int NT>
+__device__ __forceinline__ void wgp_block(const wg_ctx<1> &c, ring_pos &q, int KT, uint32_t sb,
+                                          float (&acc)[NT / 2]) {
+    uint32_t a0[16], a1[16], st;
+    // register sets alternate strictly (see run_item)
+    st = wgp_load<NT>(c, q, 0, sb, a0);
+    wgp_issue<NT, true>(c, q, st, a0, acc);
+    int kt = 1;
+    for (; kt + 1 < KT; kt += 2) {
+        st = wgp_load<NT>(c, q, kt, sb, a1);
+        wgp_issue<NT, false>(c, q, st, a1, acc);
+        st = wgp_load<NT>(c, q, kt + 1, sb, a0);
+        wgp_issue<NT, false>(c, q, st, a0, acc);
+    }
+    if (kt < KT) {
+        st = wgp_load<NT>(c, q, kt, sb, a1);
+        wgp_issue<NT, false>(c, q, st, a1, acc);
+    }
+    wg_wait<0>();
+    fence_acc(acc);
+    wgp_release(c, q);
+}
+
 template <int NT, bool MULTI>
-__device__ __forceinline__ void wgp_item(const wg_params &p, const wg_ctx<1> &c, const item_t &cur,
-                                         uint32_t full, uint32_t empty) {
+__device__ __forceinline__ void wgp_item(const wg_params &p, const wg_ctx<1> &c,
+                                         const item_t &cur) {
     const int nb = MULTI ? p.nb : 1, KT = p.K / 64;
-    int sc = 0;
-    uint32_t ph = 0;
+    ring_pos q = {0, 0, ring_stages(p, ring_geom<NT>::N, MULTI), 0};
     float acc[1][NT / 2];
-    uint32_t a0[16], a1[16];
 #pragma unroll
     for (int i = 0; i < NT / 2; i++) acc[0][i] = 0.f; // (defined values; every block overwrites)
     for (int b = 0; b < nb; b++) {
         fence_acc(acc[0]);
         const uint32_t sb = c.sbuf + (b & 1) * p.sb_slot;
-        // register sets alternate strictly (see run_item)
-        wgp_load(c, 0, full, sc, ph, sb, a0);
-        wgp_issue<NT, true>(c, empty, sc, ph, a0, acc[0]);
-        int kt = 1;
-        for (; kt + 1 < KT; kt += 2) {
-            wgp_load(c, kt, full, sc, ph, sb, a1);
-            wgp_issue<NT, false>(c, empty, sc, ph, a1, acc[0]);
-            wgp_load(c, kt + 1, full, sc, ph, sb, a0);
-            wgp_issue<NT, false>(c, empty, sc, ph, a0, acc[0]);
-        }
-        if (kt < KT) {
-            wgp_load(c, kt, full, sc, ph, sb, a1);
-            wgp_issue<NT, false>(c, empty, sc, ph, a1, acc[0]);
-        }
-        wg_wait<0>();
-        fence_acc(acc[0]);
-        mbar_arrive_s(empty + 8 * (sc > 0 ? sc - 1 : wg_shape<1>::STAGES - 1));
+        wgp_block<NT>(c, q, KT, sb, acc[0]);
         item_t it = cur;
         it.by += b;
         epilogue<1, NT>(p, c, it, acc);
@@ -178,32 +220,33 @@ template <bool MULTI>
 __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_params p) {
 #ifdef WG_DEVICE
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    constexpr int STAGES = wg_shape<1>::STAGES, TOK = wg_shape<1>::TOK;
+    constexpr int TOK = wg_shape<1>::TOK;
     const int tid = threadIdx.x;
     const int n_mtiles = p.tiles ? *p.n_tiles : (p.M + TOK - 1) / TOK;
     item_t cur;
     if (!get_item<1, MULTI>(p, n_mtiles, blockIdx.x, cur)) return;
     const uint32_t smem = (smem_u32(smem_raw) + 1023) & ~1023u;
-    const uint32_t full = smem + STAGES * wg_shape<1>::STAGE, empty = full + 8 * STAGES;
-    const uint32_t sbuf = full + WGP_BAR_BYTES;
+    const uint32_t sbuf = smem + FULL_OFF + WGP_BAR_BYTES;
     if (tid == 0)
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init_s(full + 8 * s, 128);
-            mbar_init_s(empty + 8 * s, 256);
+        for (int s = 0; s < MAX_STAGES; s++) {
+            mbar_init_s(smem + FULL_OFF + 8 * s, 128);
+            mbar_init_s(smem + EMPTY_OFF + 8 * s, 256);
         }
     __syncthreads();
     if (tid >= 256) { // warpgroup 2
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WGP_LOAD_REGS));
         wgp_loader l;
         wgp_setup(p, l, cur, tid - 256);
-        wgp_produce<MULTI>(p, l, smem, sbuf, full, empty);
+        wgp_produce<MULTI>(p, l, smem, sbuf, cur.nrows);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WGP_MATH_REGS));
     wg_ctx<1> c;
     init_math<1>(p, c, smem, sbuf);
-    with_width<TOK>(cur.nrows,
-                    [&](auto nt) { wgp_item<decltype(nt)::value, MULTI>(p, c, cur, full, empty); });
+    with_width<TOK>(
+        cur.nrows, [&](auto nt) __attribute__((always_inline)) {
+            wgp_item<decltype(nt)::value, MULTI>(p, c, cur);
+        });
 #else
     (void)p;
 #endif
@@ -211,8 +254,7 @@ __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_param
 
 } // namespace
 
-static_assert(2 * wg_shape<1>::STAGES * 8 <= WGP_BAR_BYTES,
-              "the stages' mbarriers fit their block");
+static_assert(2 * MAX_STAGES * 8 <= WGP_BAR_BYTES, "the stages' mbarriers fit their block");
 
 int launch_loader(cudaStream_t s, const wg_params &p, long items, int smem, struct wren_err *e) {
     // With several blocks per CTA the loader copies block b's scale rows, with block b's first
