@@ -7,7 +7,9 @@
 // mbarrier per stage that the 256 math threads arrive on once their wgmmas have read it), copies
 // the tile into it and has the stage's other mbarrier complete when its copies land
 // (cp.async.mbarrier.arrive). The math warpgroups wait on that barrier, dequantize and issue the
-// wgmmas; the loader gives up registers for them (setmaxnreg).
+// wgmmas; the loader gives up registers for them (setmaxnreg). The ring's stages are as wide as
+// the CTA's token tile, so tiles of up to 160 tokens get 7-8 stages instead of 5 (seventeenth
+// session: expert GEMMs at 4K 399-402 -> 406-407 TFLOP/s, the down projection 330 -> 342).
 #include "backend/cuda/gemm_wg.cuh"
 
 namespace wg {
@@ -243,6 +245,7 @@ __global__ void __launch_bounds__(WGP_THREADS, 1) gemm_wgp_kernel(const wg_param
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WGP_MATH_REGS));
     wg_ctx<1> c;
     init_math<1>(p, c, smem, sbuf);
+    // (inlined: a wgmma pipeline across a call is serialized, C7510)
     with_width<TOK>(
         cur.nrows, [&](auto nt) __attribute__((always_inline)) {
             wgp_item<decltype(nt)::value, MULTI>(p, c, cur);
@@ -259,7 +262,8 @@ static_assert(2 * MAX_STAGES * 8 <= WGP_BAR_BYTES, "the stages' mbarriers fit th
 int launch_loader(cudaStream_t s, const wg_params &p, long items, int smem, struct wren_err *e) {
     // With several blocks per CTA the loader copies block b's scale rows, with block b's first
     // tile, into the slot block b - 2 used; that tile's stage is free only once every tile of
-    // block b - 2 is released if K / 64 >= STAGES - 1 (blocks_per_cta ensures it).
+    // block b - 2 is released, as the ring has at most K / 64 + 1 stages (ring_stages); K / 64 >=
+    // STAGES - 1 keeps it at least as deep as the launch's STAGES (blocks_per_cta ensures it).
     if (p.nb > 1 && p.K / 64 < wg_shape<1>::STAGES - 1)
         return wren_errf(e, "gemm: %d weight-row blocks per CTA need K >= %d (K = %d)", p.nb,
                          64 * (wg_shape<1>::STAGES - 1), p.K);
