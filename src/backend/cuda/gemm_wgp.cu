@@ -9,7 +9,7 @@
 // (cp.async.mbarrier.arrive). The math warpgroups wait on that barrier, dequantize and issue the
 // wgmmas; the loader gives up registers for them (setmaxnreg). The ring's stages are as wide as
 // the CTA's token tile, so tiles of up to 160 tokens get 7-8 stages instead of 5 (seventeenth
-// session: expert GEMMs at 4K 399-402 -> 406-407 TFLOP/s, the down projection 330 -> 342).
+// session: expert GEMMs at 4K 398-402 -> 406-411 TFLOP/s, the down projection 327-333 -> 338-347).
 #include "backend/cuda/gemm_wg.cuh"
 
 namespace wg {
