@@ -21,6 +21,7 @@ namespace {
 // The "full" and "empty" mbarriers follow the ring. Loader and math threads derive the ring from
 // the same item; the math threads' stage geometry is known at compile time (their token width).
 constexpr int MAX_STAGES = 8;
+#ifdef WG_DEVICE
 constexpr uint32_t RING_BYTES = wg_shape<1>::STAGES * wg_shape<1>::STAGE;
 constexpr uint32_t FULL_OFF = RING_BYTES, EMPTY_OFF = FULL_OFF + 8 * MAX_STAGES;
 
@@ -30,7 +31,6 @@ template <int NT> struct ring_geom {
     static_assert(ACT % 1024 == 0 && N >= 5, "aligned stages, at least as many as the launch's");
 };
 
-#ifdef WG_DEVICE
 __device__ __forceinline__ void mbar_init_s(uint32_t b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
 }
