@@ -25,9 +25,17 @@ constexpr int MAX_STAGES = 8;
 constexpr uint32_t RING_BYTES = wg_shape<1>::STAGES * wg_shape<1>::STAGE;
 constexpr uint32_t FULL_OFF = RING_BYTES, EMPTY_OFF = FULL_OFF + 8 * MAX_STAGES;
 
+// Bytes per stage for a tile of nt tokens (nt x 128 of activations, a multiple of 4096: stages
+// stay aligned), and the stages that fit.
+__host__ __device__ constexpr uint32_t stage_bytes(int nt) {
+    return (uint32_t)nt * 128 + wg_shape<1>::ROWS * 32;
+}
+__host__ __device__ constexpr int ring_fit(uint32_t stage) {
+    return RING_BYTES / stage < MAX_STAGES ? (int)(RING_BYTES / stage) : MAX_STAGES;
+}
 template <int NT> struct ring_geom {
-    static constexpr uint32_t ACT = NT * 128, STAGE = ACT + wg_shape<1>::ROWS * 32;
-    static constexpr int N = RING_BYTES / STAGE < MAX_STAGES ? RING_BYTES / STAGE : MAX_STAGES;
+    static constexpr uint32_t ACT = NT * 128, STAGE = stage_bytes(NT);
+    static constexpr int N = ring_fit(STAGE);
     static_assert(ACT % 1024 == 0 && N >= 5, "aligned stages, at least as many as the launch's");
 };
 
@@ -94,8 +102,9 @@ __device__ __forceinline__ int ring_stages(const wg_params &p, int n_max, bool m
 template <bool MULTI>
 __device__ __forceinline__ void wgp_produce(const wg_params &p, const wgp_loader &l, uint32_t smem,
                                             uint32_t sbuf, int nrows) {
-    const uint32_t act = (uint32_t)((nrows + 31) >> 5) * 32 * 128, stage = act + 128 * 32;
-    const int n = ring_stages(p, min(MAX_STAGES, (int)(RING_BYTES / stage)), MULTI);
+    const int nt = ((nrows + 31) >> 5) * 32; // the math threads' width (with_width)
+    const uint32_t act = (uint32_t)nt * 128, stage = stage_bytes(nt);
+    const int n = ring_stages(p, ring_fit(stage), MULTI);
     const uint32_t full = smem + FULL_OFF, empty = smem + EMPTY_OFF;
     const int KT = p.K / 64, lend = MULTI ? p.nb * KT : KT;
     int s = 0;
