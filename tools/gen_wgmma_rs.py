@@ -14,7 +14,17 @@ out = [
     "#include <stdint.h>",
     "",
     "// clang-format off",
-    "template <int N> struct wgmma_rs;",
+    "// One instruction per N; SCALE_D is the scale-d predicate (0: d = a * b, no zeroing beforehand).",
+    "template <int N> struct wgmma_rs_op;",
+    "",
+    "template <int N> struct wgmma_rs {",
+    "    static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {",
+    "        wgmma_rs_op<N>::template mma<1>(d, a, desc);",
+    "    }",
+    "    static __device__ __forceinline__ void run_first(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {",
+    "        wgmma_rs_op<N>::template mma<0>(d, a, desc);",
+    "    }",
+    "};",
 ]
 for n in NS:
     nd = n // 2
@@ -22,24 +32,22 @@ for n in NS:
     lines = []
     for i in range(0, nd, 8):
         lines.append("              " + ", ".join(f'"+f"(d[{j}])' for j in range(i, min(i + 8, nd))))
-    out += ["", f"template <> struct wgmma_rs<{n}> {{"]
-    # run: d += a * b; run_first: d = a * b (the scale-d predicate false: no zeroing beforehand)
-    for name, scale in (("run", 1), ("run_first", 0)):
-        pad = " " * len(name)
-        out += [
-            f"    static __device__ __forceinline__ void {name}(float (&d)[{nd}], const uint32_t (&a)[4],",
-            f"                                            {pad}uint64_t desc) {{",
-            "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)",
-            f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale}, 0;\\n"',
-            f'                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{regs}}}, "',
-            f'                     "{{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1, 0;\\n}}\\n"',
-            "                     : " + ",\n".join(lines).lstrip(),
-            '                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));',
-            "#else",
-            "        (void)d, (void)a, (void)desc;",
-            "#endif",
-            "    }",
-        ]
+    out += [
+        "",
+        f"template <> struct wgmma_rs_op<{n}> {{",
+        "    template <int SCALE_D>",
+        f"    static __device__ __forceinline__ void mma(float (&d)[{nd}], const uint32_t (&a)[4], uint64_t desc) {{",
+        "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)",
+        f'        asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 5}, 0;\\n"',
+        f'                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{regs}}}, "',
+        f'                     "{{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1, 0;\\n}}\\n"',
+        "                     : " + ",\n".join(lines).lstrip(),
+        '                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(SCALE_D));',
+        "#else",
+        "        (void)d, (void)a, (void)desc;",
+        "#endif",
+        "    }",
+    ]
     out.append("};")
 path = os.path.join(os.path.dirname(__file__), "..", "src", "backend", "cuda", "wgmma_rs.cuh")
 out.append("// clang-format on")
