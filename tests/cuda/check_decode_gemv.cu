@@ -243,6 +243,46 @@ static void t_moe_front(int bits, int E, int K, int inter, int hidden, bool ties
         }
     snprintf(name, sizeof name, "swiglu gate/up b%d %d experts x %d + shared", bits, K, inter);
     check_close_b(name, host_copy(act, want.size()).data(), want.data(), wb, 1e-4f, 3e-3f);
+
+    // The same two launches with the router's extra block exporting the int8 activation and the
+    // expert launch copying it instead of building it: the same bits everywhere.
+    struct gemv_params rq;
+    memset(&rq, 0, sizeof rq);
+    rq.x = dx, rq.cols = hidden, rq.norm_w = dnw, rq.eps = 1e-6f;
+    float *rlog2 = dev_poison(E + 1), *wts2 = dev_poison(K + 1),
+          *act2 = dev_poison((size_t)(K + 1) * inter);
+    int *ids2;
+    CK(cudaMalloc(&ids2, (K + 1) * 4));
+    CK(cudaMemset(ids2, 0xff, (K + 1) * 4));
+    rq.seg[0].a = R.d, rq.seg[0].rows = E, rq.seg[0].epi = EPI_STORE, rq.seg[0].out = rlog2;
+    rq.seg[1].a = G1.d, rq.seg[1].rows = 1, rq.seg[1].epi = EPI_STORE, rq.seg[1].out = rlog2 + E;
+    rq.nseg = 2;
+    struct gemv_params pe = p;
+    pe.logits = rlog2, pe.ids = ids2, pe.wts = wts2;
+    for (int k = 0; k <= K; k++) pe.seg[k].out = act2 + (size_t)(k < K ? k : K) * inter;
+    for (int k = 0; k < K; k++) pe.seg[k].idx = ids2, pe.seg[k].scale = wts2;
+    pe.seg[K].scale = wts2;
+    uint8_t *qxb;
+    CK(cudaMalloc(&qxb, gemv_qx_bytes(hidden)));
+    CK(cudaMemset(qxb, 0xff, gemv_qx_bytes(hidden)));
+    gemv_share_qx(&rq, &pe, qxb);
+    snprintf(name, sizeof name, "router -> expert launch b%d: int8 activation shared", bits);
+    check_true(name, bits == 16 ? pe.qx_in == nullptr : pe.qx_in == qxb && rq.qx_out == qxb);
+    WK(gemv_launch(&rq, 0, &err_));
+    WK(gemv_launch(&pe, 0, &err_));
+    auto same_bits = [](const void *a, const void *b, size_t n) { return !memcmp(a, b, n); };
+    snprintf(name, sizeof name, "  its logits, ids, weights and gate/up outputs: the same bits");
+    check_true(name, same_bits(host_copy(rlog2, E + 1).data(), glog.data(), (E + 1) * 4) &&
+                         same_bits(host_copy(ids2, K).data(), gids.data(), K * 4) &&
+                         same_bits(host_copy(wts2, K + 1).data(), host_copy(wts, K + 1).data(),
+                                   (K + 1) * 4) &&
+                         same_bits(host_copy(act2, want.size()).data(),
+                                   host_copy(act, want.size()).data(), want.size() * 4));
+    CK(cudaFree(qxb));
+    CK(cudaFree(ids2));
+    CK(cudaFree(rlog2));
+    CK(cudaFree(wts2));
+    CK(cudaFree(act2));
 }
 
 int main(void) {
@@ -266,6 +306,7 @@ int main(void) {
     t_conv(4, 64, 256, 2);
     t_conv(4, 22000, 256, 4); // several row sets per warp
     t_conv(8, 300, 256, 6);   // a wider conv kernel
+    t_conv(8, 101, 256, 3);
     for (int b : bitsv) t_moe_front(b, 256, 8, 512, 2048, false, true);
     t_moe_front(4, 256, 8, 512, 2048, true, true);
     t_moe_front(4, 64, 4, 96, 256, true, false);

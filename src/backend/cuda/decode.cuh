@@ -3,6 +3,7 @@
 #pragma once
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/decode_trace.cuh"
 
 // ---- GEMV over one activation row, several matrices per launch --------------------------------
 #define GEMV_MAXSEG       12
@@ -53,6 +54,15 @@ struct gemv_params {
     const float *logits;
     int *ids;
     float *wts;
+    // The router and the expert launch quantize the same input (x, post-attention norm): with
+    // qx_out set (int8 kernel only), one extra block of this launch writes the int8 activation a
+    // qx_out_bits-bit matrix reads (qx_bytes(cols / 32) bytes) to qx_out, and a launch given it as
+    // qx_in copies it into shared memory while it routes instead of building it after (the
+    // expert launch's prologue took 4.4 us there: bench_decode_trace). Set both through
+    // gemv_share_qx, which checks that both launches take the int8 kernel on the same input.
+    uint8_t *qx_out;
+    int qx_out_bits;
+    const uint8_t *qx_in;
     int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
 };
 
@@ -60,6 +70,10 @@ struct gemv_params {
 // f32-activation kernel (bf16 weights, mixed formats, very wide inputs).
 int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
 bool qgemv_eligible(const struct gemv_params *p);
+// Lets consumer reuse the int8 activation producer builds (qx_out / qx_in above) when both take
+// the int8 kernel on the same input; buf: qx_bytes(cols / 32) bytes, 16-byte aligned.
+void gemv_share_qx(struct gemv_params *producer, struct gemv_params *consumer, uint8_t *buf);
+size_t gemv_qx_bytes(int cols); // the size of that buffer
 int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e);
 // One large matrix (the lm_head) streamed by bulk copies through shared memory (decode_stream.cu).
 void qstream_configure(int cc_major, int sm_count, size_t smem_optin, bool off);
@@ -172,6 +186,7 @@ struct decode_ws {
     float *qg, *k, *v, *q, *att, *part; // attention
     float *rlog, *wts, *act; // MoE: router logits (+ shared gate), weights, expert activations
     int *ids;
+    uint8_t *qx; // the MoE input as the int8 activation, built by the router launch (gemv_share_qx)
     int *pos, *step; // device position and sampler step counters
     int32_t *tok;    // the step's input token
     int *counts;     // sampler: generated-token counts

@@ -22,6 +22,7 @@ int attn_splits(int n_kv) {
 __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     extern __shared__ float xs[];
     __shared__ float red[32];
+    TRACE_BEGIN();
     pdl_trigger();
     // the rotation's frequency (f64 pow, as the reference computes it) is constant: computed while
     // the projection is still finishing (+0.4% decode at 4K, +0.7% at 128K)
@@ -32,6 +33,7 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
         inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
     }
     pdl_wait();
+    TRACE_WAIT();
     const int hd = p.hd, d = threadIdx.x, pos = *p.pos;
     const bool isq = (int)blockIdx.x < p.n_heads;
     const int h = isq ? blockIdx.x : blockIdx.x - p.n_heads;
@@ -115,8 +117,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ __align__(16) float obuf[G][HD];
     const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, warp = tid >> 5,
               lane = tid & 31;
+    TRACE_BEGIN();
     pdl_trigger();
     pdl_wait();
+    TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (HD + 2);
     int start, end;
     if (!attn_slice(p, sidx, G, part, start, end)) return;
@@ -273,8 +277,10 @@ __global__ void __launch_bounds__(AM_NW * 32)
     const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, lane = tid & 31,
               warp = tid >> 5;
     __nv_bfloat16 *kvw = Ql + 16 * AM_HD + (size_t)warp * NS * 2 * AM_KT * AM_HD;
+    TRACE_BEGIN();
     pdl_trigger();
     pdl_wait();
+    TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
     int start, end;
     if (!attn_slice(p, sidx, G, part, start, end)) return;
@@ -454,8 +460,10 @@ static __device__ __forceinline__ void ac_fold(float &M, float &num, float &den,
 __global__ void __launch_bounds__(AC_WARPS * 32)
     attn_combine_kernel(const __grid_constant__ struct attn_params p) {
     __shared__ float sm[3][AC_WARPS][32];
+    TRACE_BEGIN();
     pdl_trigger();
     pdl_wait();
+    TRACE_WAIT();
     const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = p.hd;
     const int d = blockIdx.y * 32 + lane;
     const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);

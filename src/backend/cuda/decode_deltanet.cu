@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     const bool ok = j < dv;
     float *Sh = p.S + ((size_t)h * DK + (size_t)part * R) * dv + j;
     float S[R];
+    TRACE_BEGIN();
     pdl_trigger();
     // this layer's own state and constants: loaded while the projection is still finishing
 #pragma unroll
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     const float A_log = p.A_log[h], dt_bias = p.dt_bias[h];
     const float nw = ok ? p.norm_w[j] : 0.f;
     pdl_wait();
+    TRACE_WAIT();
     const float b_in = __ldcg(p.b + h), a_in = __ldcg(p.a + h);
     for (int i = t; i < DK; i += nt) {
         q[i + i / R * 4] = __ldcg(p.qkv + kh * DK + i);
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     const bool colok = col < dv;
     float *Sh = p.S + (size_t)h * dk * dv;
     float S[RPW];
+    TRACE_BEGIN();
     pdl_trigger();
     // the state is this layer's own (last written a token ago): load it while the projection
     // that feeds q/k/v is still finishing, then wait for it
@@ -134,6 +137,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
     for (int i = 0; i < RPW; i++) S[i] = colok ? Sh[(size_t)(warp * RPW + i) * dv + col] : 0.f;
     const float A_log = p.A_log[h], dt_bias = p.dt_bias[h];
     pdl_wait();
+    TRACE_WAIT();
     // the gate inputs are loaded with q/k/v so their round trips overlap
     const float b_in = __ldcg(p.b + h), a_in = __ldcg(p.a + h);
     for (int i = tid; i < dk; i += blockDim.x) {

@@ -3,8 +3,10 @@
 #include "backend/cuda/decode.cuh"
 
 __global__ void embed_kernel(const struct dmat m, const int32_t *tok, float *x) {
+    TRACE_BEGIN();
     pdl_trigger();
     pdl_wait();
+    TRACE_WAIT();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= m.cols) return;
     int r = *tok;

@@ -18,6 +18,7 @@
 // over the K routed experts and the shared expert).
 #include "backend/cuda/gemv_dev.cuh"
 #include "backend/cuda/qgemv_dev.cuh"
+#include "backend/cuda/mma.cuh"
 
 static int g_q_sms = 132;
 
@@ -84,9 +85,26 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     extern __shared__ __align__(16) uint8_t qsm[];
     __shared__ float red[32];
     __shared__ struct route_smem route;
+    TRACE_BEGIN();
     pdl_trigger();
+    const qx_src in = {p.x, p.cols, p.norm_w, p.gn_w, p.gn_z, p.gn_dv, p.eps};
+    if (p.qx_out && blockIdx.x == gridDim.x - 1) { // the extra block: export the int8 activation
+        qx_w nw;
+        qx_prefetch(in, nw);
+        pdl_wait();
+        TRACE_WAIT();
+        const qx_smem q = qx_layout(qsm, p.cols >> 5);
+        if (p.qx_out_bits == 4)
+            qx_build<4>(in, nw, q, red);
+        else
+            qx_build<8>(in, nw, q, red);
+        const int n = (int)(qx_bytes(p.cols >> 5) / 16);
+        for (int i = threadIdx.x; i < n; i += QG_THREADS)
+            reinterpret_cast<uint4 *>(p.qx_out)[i] = reinterpret_cast<const uint4 *>(qsm)[i];
+        return;
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * QG_WARPS + warp, W = gridDim.x * QG_WARPS;
+    const int gw = blockIdx.x * QG_WARPS + warp, W = (gridDim.x - (p.qx_out ? 1 : 0)) * QG_WARPS;
     const int C = p.cols * BITS / 128, nit = p.q_nit, RS = p.q_rs;
     const route_smem *rt = p.topk_K > 0 ? &route : nullptr;
     const int nsteps = gw < RS ? ((RS - 1 - gw) / W + 1) * nit : 0;
@@ -132,9 +150,8 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     };
     // before the wait: the norm weights and the first two steps' weights, unless their matrix
     // comes from the router
-    const qx_src in = {p.x, p.cols, p.norm_w, p.gn_w, p.gn_z, p.gn_dv, p.eps};
     qx_w nw;
-    qx_prefetch(in, nw);
+    if (!p.qx_in) qx_prefetch(in, nw);
     qstage A, B;
     int npre = 0;
     const int rs1 = nit > 1 ? gw : gw + W, it1 = nit > 1 ? 1 : 0;
@@ -143,6 +160,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
         if (nsteps > 1 && !p.seg[seg_of_rs(p, rs1)].idx) load(B, rs1, it1), npre = 2;
     }
     pdl_wait();
+    TRACE_WAIT();
     if (rs_pre < RS) {
         const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs_pre)];
         const int r = 2 * (rs_pre - sg.rs0);
@@ -151,12 +169,25 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             if (r + 1 < sg.rows) pre[1] = __ldcg(sg.out + r + 1);
         }
     }
+    const qx_smem q = qx_layout(qsm, p.cols >> 5);
+    if (p.qx_in) { // the previous launch built it: copied during the routing
+        const int n = (int)(qx_bytes(p.cols >> 5) / 16);
+        for (int i = threadIdx.x; i < n; i += QG_THREADS)
+            cp_async16(qsm + 16 * i, p.qx_in + 16 * i, true);
+        cp_async_commit();
+    }
     if (rt) route_block(p, route);
+    TRACE_MARK(0);
     // routed experts' first steps right after the routing, so they stream during the prologue
     if (npre < 1 && nsteps > 0) load(A, gw, 0), npre = 1;
     if (npre < 2 && nsteps > 1) load(B, rs1, it1), npre = 2;
-    const qx_smem q = qx_layout(qsm, p.cols >> 5);
-    qx_build<BITS>(in, nw, q, red);
+    if (p.qx_in) {
+        cp_async_wait<0>();
+        __syncthreads();
+    } else {
+        qx_build<BITS>(in, nw, q, red);
+    }
+    TRACE_MARK(1);
     qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load, finish);
 }
 
@@ -177,6 +208,24 @@ bool qgemv_eligible(const struct gemv_params *p) {
     return true;
 }
 
+size_t gemv_qx_bytes(int cols) {
+    return qx_bytes(cols / 32);
+}
+
+void gemv_share_qx(struct gemv_params *producer, struct gemv_params *consumer, uint8_t *buf) {
+    producer->qx_out = NULL, consumer->qx_in = NULL;
+    if (decode_f32_gemv() || !qgemv_eligible(producer) || !qgemv_eligible(consumer) ||
+        qstream_eligible(producer) || qstream_eligible(consumer))
+        return;
+    if (producer->x != consumer->x || producer->cols != consumer->cols ||
+        producer->norm_w != consumer->norm_w || producer->eps != consumer->eps || producer->gn_w ||
+        consumer->gn_w)
+        return;
+    producer->qx_out = buf;
+    producer->qx_out_bits = consumer->seg[0].a.bits;
+    consumer->qx_in = buf;
+}
+
 int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     const int bits = p->seg[0].a.bits;
     int rs = 0;
@@ -190,6 +239,7 @@ int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     p->q_gshift = log2i(p->seg[0].a.group / (128 / bits));
     int blocks = (rs + QG_WARPS - 1) / QG_WARPS;
     if (blocks > QG_BLOCKS_PER_SM * g_q_sms) blocks = QG_BLOCKS_PER_SM * g_q_sms;
+    if (p->qx_out) blocks++; // the exporting block
     const size_t smem = qx_bytes(p->cols / 32);
     void (*k)(const struct gemv_params) = bits == 4 ? qgemv_kernel<4> : qgemv_kernel<8>;
     CUDA_CHECK(pdl_launch(k, dim3(blocks), dim3(QG_THREADS), smem, s, decode_pdl(), *p));
@@ -211,6 +261,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     extern __shared__ __align__(16) uint8_t qsm[];
     __shared__ float red[32];
     __shared__ int ids[64], sids[64];
+    TRACE_BEGIN();
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gw = blockIdx.x * QG_WARPS + warp, W = gridDim.x * QG_WARPS;
@@ -263,6 +314,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     if (nsteps > 0) load(A, gw, 0, sids), npre = 1;
     if (nsteps > 1) load(B, rs1, it1, sids), npre = 2;
     pdl_wait();
+    TRACE_WAIT();
     for (int i = threadIdx.x; i < p.K; i += blockDim.x) ids[i] = __ldcg(p.ids + i);
     if (rs_pre < RS) {
         pre[0] = __ldcg(p.out + rs_pre * QG_R);
@@ -272,7 +324,8 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     const qx_smem q = qx_layout(qsm, in.cols >> 5);
     qx_w nw;
     qx_build<BITS>(in, nw, q, red); // its barrier also publishes ids
-    bool same = true;               // the same in every thread: both arrays are in shared memory
+    TRACE_MARK(1);
+    bool same = true; // the same in every thread: both arrays are in shared memory
     for (int i = 0; i < p.K; i++) same = same && ids[i] == sids[i];
     if (!same) npre = 0; // qrun loads the first steps again, with the real ids
     qrun<BITS>(

@@ -20,6 +20,24 @@ static int prof_mark(cudaStream_t s, int cat, struct wren_err *e) {
 }
 #define PROF(cat, call) (prof_mark(cx->stream, cat, e) || (call) || prof_mark(cx->stream, -1, e))
 
+#ifdef WREN_DECODE_TRACE
+#define TRACE_UNITS 64 // translation units with traced kernels (more than there are)
+static void (*g_trace_set[TRACE_UNITS])(struct trace_buf *);
+static int g_trace_units;
+void decode_trace_register(void (*set)(struct trace_buf *)) {
+    if (g_trace_units < TRACE_UNITS) g_trace_set[g_trace_units++] = set;
+}
+int decode_trace_enable(struct trace_buf *b) {
+    for (int i = 0; i < g_trace_units; i++) g_trace_set[i](b);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+#else
+int decode_trace_enable(struct trace_buf *b) {
+    (void)b;
+    return -1;
+}
+#endif
+
 __global__ void set_pos_tok_kernel(int *pos, int p, int32_t *tok, int32_t t) {
     *pos = p;
     if (t >= 0) *tok = t;
@@ -59,14 +77,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
     const int K = c->n_experts > 0 ? c->top_k : 0;
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
     const bool shg = L->sh_gate_w.rows > 0 && shi > 0;
-    struct gemv_params gp;
-    if (K > 0) {
-        gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
-        gp.seg[gp.nseg++] = seg_of(&L->router, EPI_STORE, ws->rlog);
-        if (shg) gp.seg[gp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
-        if (PROF(DP_ROUTER, gemv_launch(&gp, cx->stream, e))) return -1;
-    }
-    gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
+    struct gemv_params rp, gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
     if (K > 0) { // the expert launch does the routing (softmax, top-k) in every block
         gp.topk_E = c->n_experts;
         gp.topk_K = K;
@@ -92,6 +103,13 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         g.slot = k;
         g.scale = ws->wts;
         gp.seg[gp.nseg++] = g;
+    }
+    if (K > 0) {
+        rp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
+        rp.seg[rp.nseg++] = seg_of(&L->router, EPI_STORE, ws->rlog);
+        if (shg) rp.seg[rp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
+        gemv_share_qx(&rp, &gp, ws->qx);
+        if (PROF(DP_ROUTER, gemv_launch(&rp, cx->stream, e))) return -1;
     }
     if (PROF(DP_GATE_UP, gemv_launch(&gp, cx->stream, e))) return -1;
     struct moe_down_params dp;

@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     extern __shared__ __align__(128) uint8_t qs_sm[];
     __shared__ float red[32];
     __shared__ __align__(8) uint64_t full[QS_MAXST], empty[QS_MAXST];
+    TRACE_BEGIN();
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nst = p.nst;
     const long s0 = blockIdx.x * p.nstages / gridDim.x,
@@ -98,6 +99,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qx_w nw;
     qx_prefetch(in, nw);
     pdl_wait();
+    TRACE_WAIT();
     const qx_smem q = qx_layout(qs_sm + nst * stb, p.cols >> 5);
     qx_build<BITS>(in, nw, q, red);
     if (warp == QS_CWARPS) {

@@ -46,7 +46,9 @@ static __device__ void emit(const struct sample_params &p, int tok, float logpro
 // ---- greedy: grid-wide argmax, the last block emits -----------------------------------------
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const __grid_constant__ struct sample_params p) {
+    TRACE_BEGIN();
     pdl_wait(); // launched early (programmatic launch): the logits come from the lm_head
+    TRACE_WAIT();
     unsigned long long best = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n_vocab;
          i += gridDim.x * blockDim.x) {
