@@ -119,7 +119,8 @@ int main(int argc, char **argv) {
     struct agg {
         int n = 0;
         double crit = 0, bound = 0, post = 0, late = 0, early = 0, tailw = 0;
-        double ph[3] = {0, 0, 0}, lph[3] = {0, 0, 0}; // phases: median warp, last warp out
+        double ph[4] = {0, 0, 0, 0}, lph[4] = {0, 0, 0, 0}; // phases: median warp, last warp out
+        double lpre = 0, llate = 0; // the last warp out: entry -> wait; resident late
         bool marks = false;
     };
     std::map<std::string, agg> kinds;
@@ -152,23 +153,30 @@ int main(int argc, char **argv) {
         a.n++, a.crit += crit, a.bound += bound, a.post += own;
         a.late += late, a.early += early;
         a.tailw += us(l.t1_max) - med(outs);
-        // phases of a warp with marks: wait -> mark 0 (routing), -> mark 1 (prologue), -> out
-        std::vector<double> ph[3];
+        // phases of a warp with marks: wait -> mark 0 (routing), -> mark 1 (prologue), -> mark 2
+        // (its last epilogue begins), -> out; and of the last warp out, also entry -> wait
+        std::vector<double> ph[4];
         const trace_rec *lastw = nullptr;
+        auto phases = [](const trace_rec &r, double(&d)[4]) {
+            const unsigned long long m0 = r.tm[0] ? r.tm[0] : r.tw;
+            const unsigned long long m2 = r.tm[2] ? r.tm[2] : r.t1;
+            d[0] = (m0 - r.tw) / 1e3, d[1] = (r.tm[1] - m0) / 1e3, d[2] = (m2 - r.tm[1]) / 1e3;
+            d[3] = (r.t1 - m2) / 1e3;
+        };
         for (auto &r : l.w) {
             if (!r.tw || !r.tm[1]) continue;
-            const unsigned long long m0 = r.tm[0] ? r.tm[0] : r.tw;
-            ph[0].push_back((m0 - r.tw) / 1e3);
-            ph[1].push_back((r.tm[1] - m0) / 1e3);
-            ph[2].push_back((r.t1 - r.tm[1]) / 1e3);
+            double d[4];
+            phases(r, d);
+            for (int k = 0; k < 4; k++) ph[k].push_back(d[k]);
             if (!lastw || r.t1 > lastw->t1) lastw = &r;
         }
         if (lastw) {
             a.marks = true;
-            const unsigned long long m0 = lastw->tm[0] ? lastw->tm[0] : lastw->tw;
-            const double lp[3] = {(m0 - lastw->tw) / 1e3, (lastw->tm[1] - m0) / 1e3,
-                                  (lastw->t1 - lastw->tm[1]) / 1e3};
-            for (int k = 0; k < 3; k++) a.ph[k] += med(ph[k]), a.lph[k] += lp[k];
+            double d[4];
+            phases(*lastw, d);
+            for (int k = 0; k < 4; k++) a.ph[k] += med(ph[k]), a.lph[k] += d[k];
+            a.lpre += (lastw->tw - lastw->t0) / 1e3;
+            a.llate += lastw->t0 > prev_end;
         }
         prev_end = l.t1_max;
     }
@@ -187,14 +195,17 @@ int main(int argc, char **argv) {
            "last warp out minus the median warp out; blocks late: resident only after the "
            "previous launch had finished, of all; total %.1f us)\n",
            tot);
-    printf("\nphases after the wait (us; kinds with marks): median warp | the last warp out\n");
-    printf("%-13s %8s %8s %8s | %8s %8s %8s\n", "kind", "routing", "prologue", "loop+epi",
-           "routing", "prologue", "loop+epi");
+    printf("\nphases after the wait (us; kinds with marks): median warp | the last warp out "
+           "(and its entry -> wait, and how often it was resident only after the previous launch "
+           "ended)\n");
+    printf("%-13s %7s %7s %7s %7s | %7s %7s %7s %7s %7s %5s\n", "kind", "routing", "prolog", "loop",
+           "epilog", "routing", "prolog", "loop", "epilog", "in->wt", "late");
     for (auto &k : order) {
         agg &a = kinds[k];
         if (!a.marks) continue;
-        printf("%-13s %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f\n", k.c_str(), a.ph[0] / a.n,
-               a.ph[1] / a.n, a.ph[2] / a.n, a.lph[0] / a.n, a.lph[1] / a.n, a.lph[2] / a.n);
+        printf("%-13s %7.2f %7.2f %7.2f %7.2f | %7.2f %7.2f %7.2f %7.2f %7.2f %4.0f%%\n", k.c_str(),
+               a.ph[0] / a.n, a.ph[1] / a.n, a.ph[2] / a.n, a.ph[3] / a.n, a.lph[0] / a.n,
+               a.lph[1] / a.n, a.lph[2] / a.n, a.lph[3] / a.n, a.lpre / a.n, 100 * a.llate / a.n);
     }
     CK(cudaFree(buf));
     gpu->ops->state_free(gpu, s);

@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     const int rs_pre = gw + lane * W;
     float pre[2] = {0.f, 0.f};
     auto finish = [&](int rs, float a, float b) {
+        TRACE_MARK(2); // the last call: where the warp's epilogue begins
         const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs)];
         if (sg.epi == EPI_SWIGLU) {
             gemv_epilogue(sg, rs - sg.rs0, a, b, seg_scale(sg, rt));
@@ -293,6 +294,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     const int rs_pre = gw + lane * W;
     float pre[2] = {0.f, 0.f};
     auto finish = [&](int rs, float a, float b) {
+        TRACE_MARK(2); // the last call: where the warp's epilogue begins
         const int r = rs * QG_R;
         const bool have = rs == rs_pre;
         p.out[r] = (have ? pre[0] : p.out[r]) + a;

@@ -1,17 +1,16 @@
 // A per-warp timeline of the decode kernels, for diagnosis only: compiled in with
-// -DWREN_DECODE_TRACE (a separate build; tests/cuda/trace_decode.cu reads it), empty otherwise.
-// Lane 0 of every warp of a traced kernel records its grid, block, warp and SM with three
-// %globaltimer stamps: at entry, after the programmatic-launch wait, at exit (and up to two marks
-// a kernel sets where its phases end). So one replayed
-// decode step shows when each launch's blocks became resident, when its wait released and when
-// its last warp left: where the critical path of the step runs, which event timing of whole
-// launches cannot show.
+// -DWREN_DECODE_TRACE (a separate build; tests/cuda/bench_decode_trace.cu reads it), empty
+// otherwise. Lane 0 of every warp of a traced kernel records its grid, block, warp and SM with
+// %globaltimer stamps at entry, after the programmatic-launch wait and at exit, and up to three
+// marks a kernel sets where its phases end (TRACE_MARK). So one replayed decode step shows when
+// each launch's blocks became resident, when its wait released and when its last warp left:
+// where the critical path of the step runs, which event timing of whole launches cannot show.
 #pragma once
 #include <cuda_runtime.h>
 
 struct trace_rec {
     unsigned long long grid, t0, tw, t1;
-    unsigned long long tm[2]; // optional marks inside a kernel (TRACE_MARK), 0 where not reached
+    unsigned long long tm[3]; // optional marks inside a kernel (TRACE_MARK), 0 where not reached
     unsigned block, warp, sm, pad;
 };
 struct trace_buf {
@@ -52,7 +51,7 @@ struct trace_scope {
         r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
         r->warp = tid >> 5;
         r->sm = sm;
-        r->tw = r->tm[0] = r->tm[1] = 0;
+        r->tw = r->tm[0] = r->tm[1] = r->tm[2] = 0;
         r->t0 = trace_now();
     }
     __device__ void waited() {
