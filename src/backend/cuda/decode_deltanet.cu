@@ -6,9 +6,9 @@
 // GEMV's load.
 #include "backend/cuda/decode.cuh"
 
-#define DNH_MAX_THREADS 256 // threads of a head block: d_v x (2 for d_k 128, else 1)
+#define DNH_MAX_THREADS 512 // threads of a head block: d_v x (4 for d_k 128, else 1)
 
-// Block-wide sums of two floats (nthreads a multiple of 32, <= 256); red: 2 * 8 floats.
+// Block-wide sums of two floats (nthreads a multiple of 32, <= 512); red: 2 * 16 floats.
 static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
 #pragma unroll
@@ -17,14 +17,15 @@ static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red
         b += __shfl_xor_sync(0xffffffffu, b, o);
     }
     __syncthreads(); // red may still be read by an earlier call
-    if (lane == 0) red[warp] = a, red[8 + warp] = b;
+    if (lane == 0) red[warp] = a, red[16 + warp] = b;
     __syncthreads();
     a = b = 0.f;
-    for (int w = 0; w < nw; w++) a += red[w], b += red[8 + w];
+    for (int w = 0; w < nw; w++) a += red[w], b += red[16 + w];
 }
 
 // Block = value head h; TPC threads per state column j (adjacent lanes), each holding DK / TPC
-// of its rows in registers (TPC = 2 for DK = 128 keeps it under 255 registers without spills):
+// of its rows in registers (TPC = 4 for DK = 128: 32 rows, 110 registers; with 2 the block's 64 KB
+// state came from half as many warps and each thread's chains were twice as long):
 // kv = S^T k and o = S^T q are per-thread sums plus a shuffle, and the block sees the whole
 // head's o, so it applies the gated RMSNorm: out_proj then reads a plain input (its prologue is
 // ~2 us shorter). Four partial sums per dot product keep the dependent chains short. q and k sit
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     deltanet_head_kernel(const __grid_constant__ struct deltanet_params p) {
     constexpr int R = DK / TPC, RP = R + 4;
     __shared__ __align__(16) float q[TPC * RP], k[TPC * RP];
-    __shared__ float red[16];
+    __shared__ float red[32];
     const int h = blockIdx.x, t = threadIdx.x, j = t / TPC, part = t % TPC, dv = p.dv;
     const int nt = blockDim.x, kh = h / (p.v_heads / p.k_heads), qk = p.k_heads * DK;
     const bool ok = j < dv;
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(DN_WARPS * 32)
 }
 
 static int dnh_tpc(int dk) {
-    return dk == 128 ? 2 : 1;
+    return dk == 128 ? 4 : 1;
 }
 
 bool deltanet_head_ok(const struct deltanet_params *p) {
@@ -218,7 +219,7 @@ int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren
         void (*k)(const struct deltanet_params) = p->dk == 16   ? deltanet_head_kernel<16, 1>
                                                   : p->dk == 32 ? deltanet_head_kernel<32, 1>
                                                   : p->dk == 64 ? deltanet_head_kernel<64, 1>
-                                                                : deltanet_head_kernel<128, 2>;
+                                                                : deltanet_head_kernel<128, 4>;
         const int threads = (p->dv * dnh_tpc(p->dk) + 31) / 32 * 32;
         CUDA_CHECK(pdl_launch(k, dim3(p->v_heads), dim3(threads), 0, s, decode_pdl(), *p));
         return 0;
