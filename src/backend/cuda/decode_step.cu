@@ -77,7 +77,7 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
     const int K = c->n_experts > 0 ? c->top_k : 0;
     const int inter = c->expert_inter, shi = c->n_experts > 0 ? c->shared_inter : c->dense_inter;
     const bool shg = L->sh_gate_w.rows > 0 && shi > 0;
-    struct gemv_params rp, gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
+    struct gemv_params gp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
     if (K > 0) { // the expert launch does the routing (softmax, top-k) in every block
         gp.topk_E = c->n_experts;
         gp.topk_K = K;
@@ -104,8 +104,8 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         g.scale = ws->wts;
         gp.seg[gp.nseg++] = g;
     }
-    if (K > 0) {
-        rp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
+    if (K > 0) { // the router, set up after the expert launch so they can share the int8 input
+        struct gemv_params rp = gemv_in(ws->x, c->hidden, L->post_norm, c->rms_eps);
         rp.seg[rp.nseg++] = seg_of(&L->router, EPI_STORE, ws->rlog);
         if (shg) rp.seg[rp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
         gemv_share_qx(&rp, &gp, ws->qx);
