@@ -1,16 +1,25 @@
 // Gated DeltaNet step check: many consecutive steps against the host recurrence (state decay,
 // delta rule, readout, gated RMSNorm), comparing the outputs at every step and the final state,
 // for both kernel shapes: column slices (raw readout; the gated norm then runs in the out_proj
-// GEMV's load, checked too) and a block per head with the gated norm fused (norm_w set).
+// GEMV's load, checked too) and a block per head with the gated norm fused (norm_w set), with and
+// without the causal conv (conv_k taps: the kernel reads raw projections, checked against the
+// host conv and its state shift; 0: the inputs are the conv outputs already).
 #include "common_check.cuh"
 
-static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused) {
+static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused, int conv_k = 0) {
     const int qk = kh * dk, V = vh * dv, C = 2 * qk + V;
     std::vector<float> A_log = rnd_vec(vh, -1, 1), dtb = rnd_vec(vh, -1, 1),
                        nw = rnd_vec(dv, 0.5f, 1.5f);
     std::vector<float> S((size_t)vh * dk * dv, 0.f);
     float *dS = dev_copy(S), *dA = dev_copy(A_log), *ddt = dev_copy(dtb), *dnw = dev_copy(nw);
     float *dqkv, *dz, *db, *da, *dy = dev_poison(V);
+    const int K = conv_k > 0 ? conv_k : 1;
+    std::vector<float> cw = rnd_vec((size_t)C * K, -0.6f, 0.6f),
+                       cst = rnd_vec((size_t)C * (K - 1) + 1, -1, 1);
+    float *dcw = dev_copy(cw), *dcst = dev_copy(cst);
+    unsigned *dtick;
+    CK(cudaMalloc(&dtick, kh * 4));
+    CK(cudaMemset(dtick, 0, kh * 4));
     CK(cudaMalloc(&dqkv, C * 4));
     CK(cudaMalloc(&dz, V * 4));
     CK(cudaMalloc(&db, vh * 4));
@@ -22,6 +31,16 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused) {
         std::vector<float> qkv = rnd_vec(C, -1, 1), z = rnd_vec(V, -2, 2), b = rnd_vec(vh, -3, 3),
                            a = rnd_vec(vh, -3, 3);
         CK(cudaMemcpy(dqkv, qkv.data(), C * 4, cudaMemcpyHostToDevice));
+        if (conv_k > 0) // the host conv over the raw inputs just copied, as the kernel runs it
+            for (int c = 0; c < C; c++) {
+                float *st = &cst[(size_t)c * (K - 1)];
+                const float y = qkv[c];
+                float o = cw[(size_t)c * K + K - 1] * y;
+                for (int i = 0; i < K - 1; i++) o += cw[(size_t)c * K + i] * st[i];
+                for (int i = 0; i + 1 < K - 1; i++) st[i] = st[i + 1];
+                if (K > 1) st[K - 2] = y;
+                qkv[c] = o / (1 + expf(-o));
+            }
         CK(cudaMemcpy(dz, z.data(), V * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(db, b.data(), vh * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(da, a.data(), vh * 4, cudaMemcpyHostToDevice));
@@ -30,8 +49,14 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused) {
         p.y = dy;
         p.k_heads = kh, p.v_heads = vh, p.dk = dk, p.dv = dv, p.eps = 1e-6f;
         p.norm_w = fused ? dnw : nullptr;
+        p.conv_w = nullptr, p.conv_state = nullptr, p.conv_tick = nullptr, p.conv_k = 0;
+        if (conv_k > 0)
+            p.conv_w = dcw, p.conv_state = dcst, p.conv_tick = dtick, p.conv_k = conv_k;
         if (t == 0 && fused)
             check_true("deltanet block-per-head kernel offered", deltanet_head_ok(&p));
+        if (t == 0 && conv_k > 0)
+            check_true("deltanet conv in the per-head kernel offered",
+                       deltanet_conv_ok(&p, conv_k));
         WK(deltanet_launch(&p, 0, &err_));
         for (int h = 0; h < vh; h++) {
             int hk = h / (vh / kh);
@@ -94,9 +119,22 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused) {
         check_close_b(nm, host_copy(out, rows).data(), want.data(), bound, 2e-3f, 5e-3f);
     }
     char name[128];
-    snprintf(name, sizeof name, "deltanet %s %d steps %dk/%dv heads d%dx%d outputs (max err %.2g)",
-             fused ? "per head + gated norm," : "slices,", steps, kh, vh, dk, dv, worst);
+    snprintf(name, sizeof name,
+             "deltanet %s%s %d steps %dk/%dv heads d%dx%d outputs (max err %.2g)",
+             fused ? "per head + gated norm," : "slices,", conv_k > 0 ? " + conv" : "", steps, kh,
+             vh, dk, dv, worst);
     check_true(name, ok);
+    if (conv_k > 0) {
+        snprintf(name, sizeof name, "deltanet conv state after %d steps, %d taps, %dk/%dv heads",
+                 steps, conv_k, kh, vh);
+        check_close(name, host_copy(dcst, (size_t)C * (K - 1)).data(), cst.data(),
+                    (size_t)C * (K - 1), 1e-6f, 0.f);
+        std::vector<unsigned> tick(kh);
+        CK(cudaMemcpy(tick.data(), dtick, kh * 4, cudaMemcpyDeviceToHost));
+        bool zero = true;
+        for (int i = 0; i < kh; i++) zero = zero && tick[i] == 0;
+        check_true("deltanet conv tickets back at 0 after every step", zero);
+    }
     snprintf(name, sizeof name, "deltanet final state d%dx%d%s", dk, dv,
              fused ? " (per head)" : "");
     check_close(name, host_copy(dS, S.size()).data(), S.data(), S.size(), 1e-3f, 1e-3f);
@@ -112,5 +150,16 @@ int main(void) {
         t_dn(1, 2, 128, 40, 20, fused); // d_k 128 (thread pairs) with a partly idle last warp
         t_dn(1, 2, 64, 256, 20, fused); // 256 threads, one per column
     }
+    // the causal conv in the per-head kernel (d_k 128: 2 d_k + d_v channels within 4 d_v threads)
+    t_dn(16, 32, 128, 128, 40, true, 4);
+    t_dn(1, 3, 128, 96, 30, true, 3); // three value heads take tickets on one key head
+    t_dn(2, 2, 128, 128, 10, true, 1); // no state
+    check_true("deltanet conv not offered where the channels outnumber the threads",
+               [] {
+                   struct deltanet_params p;
+                   memset(&p, 0, sizeof p);
+                   p.k_heads = 2, p.v_heads = 4, p.dk = 64, p.dv = 64;
+                   return !deltanet_conv_ok(&p, 4) && deltanet_head_ok(&p);
+               }());
     return finish("check_decode_deltanet");
 }

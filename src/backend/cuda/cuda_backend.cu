@@ -268,6 +268,7 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
         {(void **)&w->wts, (size_t)(K + 1) * 4},
         {(void **)&w->act, ((size_t)K * c->expert_inter + shi) * 4},
         {(void **)&w->ids, (size_t)(K + 1) * 4},
+        {(void **)&w->dn_tick, (size_t)(c->dn_k_heads > 0 ? c->dn_k_heads : 1) * 4},
         {(void **)&w->qx, gemv_qx_bytes(c->hidden)},
         {(void **)&w->pos, 4},
         {(void **)&w->step, 4},

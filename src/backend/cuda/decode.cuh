@@ -115,7 +115,7 @@ int qdown_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_er
 
 // ---- Gated DeltaNet recurrent step (one token), after the fused conv in the projection ---------
 struct deltanet_params {
-    const float *qkv;             // [2*qk + v] conv+silu outputs: q | k | v
+    const float *qkv;             // [2*qk + v] q | k | v: conv+silu outputs, or raw (conv_w set)
     const float *z;               // [v] output gate
     const float *b, *a;           // [v_heads]
     float *S;                     // [v_heads][d_k][d_v] state
@@ -124,6 +124,13 @@ struct deltanet_params {
     // non-NULL: y = o * rsqrt(mean_head(o^2) + eps) * norm_w * silu(z) (the gated RMSNorm over
     // each head, done here instead of in the out_proj load); only where deltanet_head_ok
     const float *norm_w;
+    // non-NULL (only with norm_w, where deltanet_conv_ok): qkv holds the projection's raw outputs
+    // and the step runs the causal conv1d + silu and shifts conv_state itself, instead of the
+    // projection's epilogue (EPI_CONV)
+    const float *conv_w; // [2*qk + v][conv_k]
+    float *conv_state;   // [2*qk + v][conv_k - 1], oldest first
+    unsigned *conv_tick; // [k_heads], zeroed once: the value heads of a key head take tickets
+    int conv_k;
     int k_heads, v_heads, dk, dv;
     float eps;
 };
@@ -131,6 +138,9 @@ int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren
 // Whether the step can run a block per value head with its state columns in registers, and so
 // apply the gated RMSNorm itself (d_k 16, 32, 64 or 128; d_v <= 256, <= 128 for d_k 128).
 bool deltanet_head_ok(const struct deltanet_params *p);
+// Whether that block can also run the causal conv (one channel per thread: 2 d_k + d_v of them,
+// conv_k <= 4); p's conv fields need not be set yet.
+bool deltanet_conv_ok(const struct deltanet_params *p, int conv_k);
 
 // ---- Attention decode ---------------------------------------------------------------------------
 struct attn_params {
@@ -186,6 +196,7 @@ struct decode_ws {
     float *qg, *k, *v, *q, *att, *part; // attention
     float *rlog, *wts, *act; // MoE: router logits (+ shared gate), weights, expert activations
     int *ids;
+    unsigned *dn_tick; // [dn_k_heads] the DeltaNet step's conv-state tickets (deltanet_params)
     uint8_t *qx; // the MoE input as the int8 activation, built by the router launch (gemv_share_qx)
     int *pos, *step; // device position and sampler step counters
     int32_t *tok;    // the step's input token

@@ -1,12 +1,13 @@
 // One Gated DeltaNet step, fused: q/k l2norm, g and beta, the state decay, the delta-rule update
-// and the readout with the state held in registers (read once, written once). The causal conv +
-// silu already ran in the projection's epilogue (EPI_CONV). Two shapes: a block per value head
-// with the gated RMSNorm of the head's output fused (d_k 16/32/64/128; this model family has 128;
-// +1.5% decode, bench/RESULTS.md), else blocks of 32 state columns, the norm left to the out_proj
-// GEMV's load.
+// and the readout with the state held in registers (read once, written once). Two shapes: a block
+// per value head with the gated RMSNorm of the head's output fused (d_k 16/32/64/128; this model
+// family has 128; +1.5% decode, bench/RESULTS.md) and, where a thread per channel fits, the
+// causal conv1d + silu too; else blocks of 32 state columns, the norm left to the out_proj GEMV's
+// load and the conv to the projection's epilogue (EPI_CONV).
 #include "backend/cuda/decode.cuh"
 
 #define DNH_MAX_THREADS 512 // threads of a head block: d_v x (4 for d_k 128, else 1)
+#define DN_CONV_MAX     4   // conv taps held in registers by the head block
 
 // Block-wide sums of two floats (nthreads a multiple of 32, <= 512); red: 2 * 16 floats.
 static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red) {
@@ -23,6 +24,36 @@ static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red
     for (int w = 0; w < nw; w++) a += red[w], b += red[16 + w];
 }
 
+// The causal conv of one channel (conv_k <= DN_CONV_MAX taps; the state holds the last conv_k - 1
+// inputs, oldest first), in the order of the projection's EPI_CONV epilogue, so both give the same
+// bits.
+struct dn_conv_ch {
+    float w[DN_CONV_MAX], st[DN_CONV_MAX - 1];
+};
+static __device__ __forceinline__ void dn_conv_load(dn_conv_ch &c, const float *w, const float *st,
+                                                    int K) {
+#pragma unroll
+    for (int i = 0; i < DN_CONV_MAX; i++) c.w[i] = i < K ? w[i] : 0.f;
+#pragma unroll
+    for (int i = 0; i < DN_CONV_MAX - 1; i++) c.st[i] = i < K - 1 ? st[i] : 0.f;
+}
+static __device__ __forceinline__ float dn_conv_out(const dn_conv_ch &c, float y, int K) {
+    float o = 0.f;
+#pragma unroll
+    for (int i = 0; i < DN_CONV_MAX; i++)
+        if (i == K - 1) o = c.w[i] * y;
+#pragma unroll
+    for (int i = 0; i < DN_CONV_MAX - 1; i++)
+        if (i < K - 1) o += c.w[i] * c.st[i];
+    return silu_f(o);
+}
+static __device__ __forceinline__ void dn_conv_store(const dn_conv_ch &c, float *st, float y,
+                                                     int K) {
+#pragma unroll
+    for (int i = 0; i < DN_CONV_MAX - 1; i++)
+        if (i < K - 1) st[i] = i + 1 < K - 1 ? c.st[i + 1] : y;
+}
+
 // Block = value head h; TPC threads per state column j (adjacent lanes), each holding DK / TPC
 // of its rows in registers (TPC = 4 for DK = 128: 32 rows, 110 registers; with 2 the block's 64 KB
 // state came from half as many warps and each thread's chains were twice as long):
@@ -30,12 +61,20 @@ static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red
 // head's o, so it applies the gated RMSNorm: out_proj then reads a plain input (its prologue is
 // ~2 us shorter). Four partial sums per dot product keep the dependent chains short. q and k sit
 // in shared memory per row part, padded so the parts read different banks.
+// With p.conv_w the block also runs the causal conv of its channels, thread t < 2 DK + dv owning
+// one (q, k of its key head, v of its head): the taps and the state are loaded before the
+// programmatic wait, so the projection ends with plain stores instead of its conv epilogue (a
+// chain of round trips to the state). The value heads of a key head all read that head's q/k
+// state before the wait; each takes a ticket once it has used its copy, and the last one writes
+// the shifted state, so no block can read a state another already advanced.
 template <int DK, int TPC>
 __global__ void __launch_bounds__(DNH_MAX_THREADS)
     deltanet_head_kernel(const __grid_constant__ struct deltanet_params p) {
     constexpr int R = DK / TPC, RP = R + 4;
     __shared__ __align__(16) float q[TPC * RP], k[TPC * RP];
+    __shared__ float vsm[DNH_MAX_THREADS / TPC];
     __shared__ float red[32];
+    __shared__ bool last;
     const int h = blockIdx.x, t = threadIdx.x, j = t / TPC, part = t % TPC, dv = p.dv;
     const int nt = blockDim.x, kh = h / (p.v_heads / p.k_heads), qk = p.k_heads * DK;
     const bool ok = j < dv;
@@ -48,16 +87,48 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     for (int i = 0; i < R; i++) S[i] = ok ? Sh[(size_t)i * dv] : 0.f;
     const float A_log = p.A_log[h], dt_bias = p.dt_bias[h];
     const float nw = ok ? p.norm_w[j] : 0.f;
+    const bool conv = p.conv_w != nullptr;
+    // conv mode: this thread's channel (-1: none) and its taps and state
+    const int ch = !conv             ? -1
+                   : t < DK          ? kh * DK + t
+                   : t < 2 * DK      ? qk + kh * DK + (t - DK)
+                   : t < 2 * DK + dv ? 2 * qk + h * dv + (t - 2 * DK)
+                                     : -1;
+    const int K = p.conv_k;
+    dn_conv_ch cc;
+    if (ch >= 0)
+        dn_conv_load(cc, p.conv_w + (size_t)ch * K, p.conv_state + (size_t)ch * (K - 1), K);
     pdl_wait();
     TRACE_WAIT();
     const float b_in = __ldcg(p.b + h), a_in = __ldcg(p.a + h);
-    for (int i = t; i < DK; i += nt) {
-        q[i + i / R * 4] = __ldcg(p.qkv + kh * DK + i);
-        k[i + i / R * 4] = __ldcg(p.qkv + qk + kh * DK + i);
-    }
-    const float vv = ok ? __ldcg(p.qkv + 2 * qk + h * dv + j) : 0.f;
     const float zz = ok ? __ldcg(p.z + h * dv + j) : 0.f;
-    __syncthreads();
+    float vv = 0.f, yraw = 0.f;
+    if (conv) {
+        if (ch >= 0) {
+            yraw = __ldcg(p.qkv + ch);
+            const float o = dn_conv_out(cc, yraw, K);
+            if (t < DK)
+                q[t + t / R * 4] = o;
+            else if (t < 2 * DK)
+                k[(t - DK) + (t - DK) / R * 4] = o;
+            else
+                vsm[t - 2 * DK] = o;
+        }
+        __syncthreads(); // every channel's state has been used
+        if (t == 0) {
+            const unsigned n = (unsigned)(p.v_heads / p.k_heads);
+            last = atomicInc(p.conv_tick + kh, n - 1) == n - 1;
+        }
+        if (ch >= 2 * qk) dn_conv_store(cc, p.conv_state + (size_t)ch * (K - 1), yraw, K);
+        if (ok) vv = vsm[j];
+    } else {
+        for (int i = t; i < DK; i += nt) {
+            q[i + i / R * 4] = __ldcg(p.qkv + kh * DK + i);
+            k[i + i / R * 4] = __ldcg(p.qkv + qk + kh * DK + i);
+        }
+        vv = ok ? __ldcg(p.qkv + 2 * qk + h * dv + j) : 0.f;
+        __syncthreads();
+    }
     float sq = 0.f, sk = 0.f;
     for (int i = t; i < DK; i += nt) {
         const float a = q[i + i / R * 4], b = k[i + i / R * 4];
@@ -105,8 +176,10 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     for (int off = 1; off < TPC; off <<= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
     o *= qs;
     float so = ok && part == 0 ? o * o : 0.f, unused = 0.f;
-    block_sum2(so, unused, red);
+    block_sum2(so, unused, red); // its barriers also publish `last`
     if (ok && part == 0) p.y[h * dv + j] = o * rsqrtf(so / (float)dv + p.eps) * nw * silu_f(zz);
+    if (ch >= 0 && ch < 2 * qk && last)
+        dn_conv_store(cc, p.conv_state + (size_t)ch * (K - 1), yraw, K);
 }
 
 #define DN_WARPS 8
@@ -203,6 +276,12 @@ static int dnh_tpc(int dk) {
     return dk == 128 ? 4 : 1;
 }
 
+bool deltanet_conv_ok(const struct deltanet_params *p, int conv_k) {
+    if (!deltanet_head_ok(p) || conv_k < 1 || conv_k > DN_CONV_MAX) return false;
+    const int threads = (p->dv * dnh_tpc(p->dk) + 31) / 32 * 32;
+    return 2 * p->dk + p->dv <= threads;
+}
+
 bool deltanet_head_ok(const struct deltanet_params *p) {
     return !decode_dn_slices() && (p->dk == 16 || p->dk == 32 || p->dk == 64 || p->dk == 128) &&
            p->dv > 0 && p->dv * dnh_tpc(p->dk) <= DNH_MAX_THREADS && p->k_heads > 0 &&
@@ -210,6 +289,13 @@ bool deltanet_head_ok(const struct deltanet_params *p) {
 }
 
 int deltanet_launch(const struct deltanet_params *p, cudaStream_t s, struct wren_err *e) {
+    if (p->conv_w &&
+        (!p->norm_w || !p->conv_state || !p->conv_tick || !deltanet_conv_ok(p, p->conv_k)))
+        return wren_errf(e,
+                         "deltanet: the fused conv needs the per-head kernel, 2 d_k + d_v "
+                         "channels within its threads and at most %d taps (got d_k %d, d_v %d, "
+                         "%d taps)",
+                         DN_CONV_MAX, p->dk, p->dv, p->conv_k);
     if (p->norm_w) {
         if (!deltanet_head_ok(p))
             return wren_errf(e,

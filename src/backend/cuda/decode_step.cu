@@ -129,17 +129,34 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
 static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state *st, int j,
                           const struct dlayer *L, struct wren_err *e) {
     const struct model_config *c = cx->cfg;
+    struct deltanet_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.k_heads = c->dn_k_heads;
+    dp.v_heads = c->dn_v_heads;
+    dp.dk = c->dn_k_dim;
+    dp.dv = c->dn_v_dim;
+    // the gated RMSNorm in the step where it runs a block per head, else in out_proj's load; the
+    // causal conv there too where it fits (the projection's epilogue then stores plain outputs:
+    // its conv epilogue was a chain of round trips to the state at the launch's end)
+    if (deltanet_head_ok(&dp)) dp.norm_w = L->dn_norm;
+    if (dp.norm_w && deltanet_conv_ok(&dp, c->conv_kernel)) {
+        dp.conv_w = L->dn_conv;
+        dp.conv_state = st->conv[j];
+        dp.conv_tick = ws->dn_tick;
+        dp.conv_k = c->conv_kernel;
+    }
     struct gemv_params gp = gemv_in(ws->x, c->hidden, L->input_norm, c->rms_eps);
-    struct gemv_seg g = seg_of(&L->dn_qkv, EPI_CONV, ws->qkv);
-    g.conv_w = L->dn_conv;
-    g.conv_state = st->conv[j];
-    g.conv_k = c->conv_kernel;
+    struct gemv_seg g = seg_of(&L->dn_qkv, dp.conv_w ? EPI_STORE : EPI_CONV, ws->qkv);
+    if (!dp.conv_w) {
+        g.conv_w = L->dn_conv;
+        g.conv_state = st->conv[j];
+        g.conv_k = c->conv_kernel;
+    }
     gp.seg[gp.nseg++] = g;
     gp.seg[gp.nseg++] = seg_of(&L->dn_z, EPI_STORE, ws->z);
     gp.seg[gp.nseg++] = seg_of(&L->dn_b, EPI_STORE, ws->b);
     gp.seg[gp.nseg++] = seg_of(&L->dn_a, EPI_STORE, ws->a);
     if (PROF(DP_DN_PROJ, gemv_launch(&gp, cx->stream, e))) return -1;
-    struct deltanet_params dp;
     dp.qkv = ws->qkv;
     dp.z = ws->z;
     dp.b = ws->b;
@@ -148,14 +165,7 @@ static int deltanet_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda
     dp.A_log = L->dn_A_log;
     dp.dt_bias = L->dn_dt_bias;
     dp.y = ws->y;
-    dp.k_heads = c->dn_k_heads;
-    dp.v_heads = c->dn_v_heads;
-    dp.dk = c->dn_k_dim;
-    dp.dv = c->dn_v_dim;
     dp.eps = c->rms_eps;
-    dp.norm_w = NULL;
-    // the gated RMSNorm in the step where it runs a block per head, else in out_proj's load
-    if (deltanet_head_ok(&dp)) dp.norm_w = L->dn_norm;
     if (PROF(DP_DN_STEP, deltanet_launch(&dp, cx->stream, e))) return -1;
     gp = gemv_in(ws->y, cfg_dn_v_dim(c), NULL, c->rms_eps);
     if (!dp.norm_w) {

@@ -74,6 +74,7 @@ static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_w &nw) {
     const int nu = in.cols >> 3, t = threadIdx.x;
 #pragma unroll
     for (int i = 0; i < QX_IT; i++) {
+        if (i * QG_THREADS >= nu) break; // the same in the whole block
         const int u = t + i * QG_THREADS;
         if (u < nu && in.norm_w) ld8(nw.w[i], in.norm_w + 8 * u, false);
         if (u < nu && in.gn_w) ld8(nw.w[i], in.gn_w + (8 * u) % in.gn_dv, false);
@@ -86,10 +87,13 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
     const int nu = in.cols >> 3, t = threadIdx.x;
     float v[QX_IT][8];
     float ss[QX_IT];
+    // the iterations no thread of the block has a unit in are skipped by a uniform branch (the
+    // compiler would otherwise run them predicated, shuffles included)
 #pragma unroll
     for (int i = 0; i < QX_IT; i++) {
         const int u = t + i * QG_THREADS;
         ss[i] = 0.f;
+        if (i * QG_THREADS >= nu) continue;
         if (u < nu) {
             if constexpr (XB) {
                 const uint4 b = __ldcg(reinterpret_cast<const uint4 *>(
@@ -117,6 +121,7 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
         const float scale = rsqrtf(block_sum(tot, red) / (float)in.cols + in.eps);
 #pragma unroll
         for (int i = 0; i < QX_IT; i++) {
+            if (i * QG_THREADS >= nu) break;
             const int u = t + i * QG_THREADS;
             if (u >= nu) continue;
 #pragma unroll
@@ -126,6 +131,7 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
         // a head is gn_dv / 8 consecutive lanes (a power of two <= 32, checked by the launcher)
 #pragma unroll
         for (int i = 0; i < QX_IT; i++) {
+            if (i * QG_THREADS >= nu) break;
             float hs = ss[i];
             for (int o = 1; o < in.gn_dv >> 3; o <<= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
             const int u = t + i * QG_THREADS;
@@ -139,6 +145,7 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
     }
 #pragma unroll
     for (int i = 0; i < QX_IT; i++) {
+        if (i * QG_THREADS >= nu) break;
         const int u = t + i * QG_THREADS; // nu is a multiple of 4: a quad is all in or all out
         float amax = 0.f, sum = 0.f;
 #pragma unroll
