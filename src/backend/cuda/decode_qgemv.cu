@@ -70,6 +70,17 @@ static __device__ __forceinline__ void qrun(int nsteps, int nit, int C, int gw, 
     if (lane < npend) finish(p_rs, p_a, p_b);
 }
 
+// Byte offset of row r of matrix mat in a stack, in 32 bits: the eligibility checks keep every
+// stack under 4 GiB (the 64-bit products cost a chain of multiply-adds per row and step).
+static __device__ __forceinline__ unsigned qoff(int mat, size_t mat_stride, int r,
+                                                size_t row_stride) {
+    return (unsigned)mat * (unsigned)mat_stride + (unsigned)r * (unsigned)row_stride;
+}
+static bool stack_fits32(const struct dmat *m) {
+    return (size_t)m->n * m->mat_stride <= UINT32_MAX &&
+           (size_t)m->n * m->sb_mat_stride <= UINT32_MAX;
+}
+
 // ---- segment GEMV ----------------------------------------------------------------------------
 
 // Row set rs of the launch: segment (seg[k].rs0 = its first row set) and its first row.
@@ -120,13 +131,14 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             const struct dmat &m = pair && i == 1 ? sg.b : sg.a;
             int r = pair ? r0 : r0 + i;
             if (r >= sg.rows) r = r0; // discarded
-            const uint8_t *rw = m.data + (size_t)mat * m.mat_stride + (size_t)r * m.row_stride;
-            const size_t so = (size_t)mat * m.sb_mat_stride + (size_t)r * m.sb_row_stride;
+            const uint8_t *rw = m.data + qoff(mat, m.mat_stride, r, m.row_stride);
+            const unsigned so = qoff(mat, m.sb_mat_stride, r, m.sb_row_stride);
+            const uint8_t *sc = m.scales + so, *bi = m.biases + so;
 #pragma unroll
             for (int u = 0; u < QG_U; u++) {
                 const int c = it * QG_CHUNKS + u * 32 + lane;
-                const size_t g = (size_t)(c >> p.q_gshift) * 2;
-                qload(S, i, u, rw + (size_t)c * 16, m.scales + so + g, m.biases + so + g, c < C);
+                const unsigned g = (unsigned)(c >> p.q_gshift) * 2;
+                qload(S, i, u, rw + (unsigned)c * 16, sc + g, bi + g, c < C);
             }
         }
     };
@@ -201,9 +213,11 @@ bool qgemv_eligible(const struct gemv_params *p) {
     if (p->gn_w && (p->gn_dv % 32 || !pow2(p->gn_dv) || p->gn_dv > 256)) return false;
     for (int i = 0; i < p->nseg; i++) {
         const struct gemv_seg *g = &p->seg[i];
-        if (g->a.type != f->type || g->a.bits != f->bits || g->a.group != f->group) return false;
-        if (g->epi == EPI_SWIGLU &&
-            (g->b.type != f->type || g->b.bits != f->bits || g->b.group != f->group))
+        if (g->a.type != f->type || g->a.bits != f->bits || g->a.group != f->group ||
+            !stack_fits32(&g->a))
+            return false;
+        if (g->epi == EPI_SWIGLU && (g->b.type != f->type || g->b.bits != f->bits ||
+                                     g->b.group != f->group || !stack_fits32(&g->b)))
             return false;
     }
     return true;
@@ -278,14 +292,13 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             const int k = routed ? c >> p.q_cshift : 0, cl = routed ? c - k * Cr : c - Ck;
             const struct dmat &m = routed ? p.down : p.sh_down;
             const int mat = routed ? eid[k] : 0;
-            const size_t g = (size_t)(cl >> p.q_gshift) * 2;
+            const unsigned g = (unsigned)(cl >> p.q_gshift) * 2;
 #pragma unroll
             for (int i = 0; i < QG_R; i++) {
                 const int r = r0 + i < p.hidden ? r0 + i : r0;
-                const size_t so = (size_t)mat * m.sb_mat_stride + (size_t)r * m.sb_row_stride + g;
+                const unsigned so = qoff(mat, m.sb_mat_stride, r, m.sb_row_stride) + g;
                 qload(S, i, u,
-                      m.data + (size_t)mat * m.mat_stride + (size_t)r * m.row_stride +
-                          (size_t)cl * 16,
+                      m.data + qoff(mat, m.mat_stride, r, m.row_stride) + (unsigned)cl * 16,
                       m.scales + so, m.biases + so, c < C);
             }
         }
@@ -337,7 +350,9 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
 
 bool qdown_eligible(const struct moe_down_params *p) {
     const struct dmat *d = &p->down;
-    if (p->K <= 0 || p->K > 64 || (d->type != WT_Q4 && d->type != WT_Q8)) return false;
+    if (p->K <= 0 || p->K > 64 || (d->type != WT_Q4 && d->type != WT_Q8) || !stack_fits32(d) ||
+        (p->sh_inter > 0 && !stack_fits32(&p->sh_down)))
+        return false;
     if (!pow2(d->group) || d->group < 32 || p->inter % 32 || !pow2(p->inter * d->bits / 128))
         return false;
     if (p->sh_inter > 0 && (p->sh_inter % 32 || p->sh_down.type != d->type ||

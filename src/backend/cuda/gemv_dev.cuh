@@ -221,10 +221,12 @@ static __device__ __forceinline__ float key_float(unsigned k) {
 // The same routing by all 256 threads for E = 256 experts and K <= 8 (this model family), in about
 // half route_warp's time (it sits on the expert launch's critical path): thread t holds expert t.
 // It ranks by the same key as route_warp (the probability's bits + 1, 0 for a NaN; then the lower
-// id), so both choose the same experts. The smallest of the 8 warps' largest keys is at most the
-// K-th largest key (8 experts reach it), so only experts at or above it are candidates (usually
-// ~10), which warp 0 ranks. Returns false (in every thread) when more than 32 experts reach that
-// bound (mass ties); the caller then routes with route_warp.
+// id), so both choose the same experts. Each warp's largest logit is an expert whose key is that
+// logit's probability, so the smallest of the 8 warps' largest logits, as a probability, is at
+// most the K-th largest key (8 experts reach it): only experts at or above it are candidates
+// (usually ~10), which warp 0 ranks. One exchange of the warps' largest logits gives both the
+// maximum (for the probabilities) and that bound. Returns false (in every thread) when more than
+// 32 experts reach the bound (mass ties); the caller then routes with route_warp.
 static __device__ bool route_block256(const struct gemv_params &p, struct route_smem &rt) {
     const int t = threadIdx.x, w = t >> 5, l = t & 31, K = p.topk_K;
     const float shared_logit = p.has_shared_gate && t == 0 ? __ldcg(p.logits + p.topk_E) : 0.f;
@@ -234,24 +236,20 @@ static __device__ bool route_block256(const struct gemv_params &p, struct route_
     const unsigned wl = __reduce_max_sync(0xffffffffu, lk);
     if (l == 0) rt.wmax[w] = wl;
     __syncthreads();
-    unsigned top = 0;
+    unsigned top = 0, low = 0xffffffffu;
 #pragma unroll
-    for (int i = 0; i < 8; i++) top = max(top, rt.wmax[i]);
-    const float pr = __expf(lg - key_float(top));
+    for (int i = 0; i < 8; i++) top = max(top, rt.wmax[i]), low = min(low, rt.wmax[i]);
+    const float mx = key_float(top);
+    const float pr = __expf(lg - mx);
     const unsigned key = pr >= 0.f ? __float_as_uint(pr) + 1u : 0u;
+    const float bp = __expf(key_float(low) - mx);
+    const unsigned bound = low && bp >= 0.f ? __float_as_uint(bp) + 1u : 0u;
     float ps = fmaxf(pr, 0.f);
 #pragma unroll
     for (int o = 16; o; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-    const unsigned wk = __reduce_max_sync(0xffffffffu, key);
-    __syncthreads(); // every thread has read wmax
-    if (l == 0) rt.wmax[w] = wk, rt.psum[w] = ps;
-    __syncthreads();
-    unsigned bound = 0xffffffffu;
-#pragma unroll
-    for (int i = 0; i < 8; i++) bound = min(bound, rt.wmax[i]);
     const bool cand = key >= bound;
     const unsigned ball = __ballot_sync(0xffffffffu, cand);
-    if (l == 0) rt.cnt[w] = __popc(ball);
+    if (l == 0) rt.cnt[w] = __popc(ball), rt.psum[w] = ps;
     __syncthreads();
     int off = 0, n = 0;
 #pragma unroll
