@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
         vv = ok ? __ldcg(p.qkv + 2 * qk + h * dv + j) : 0.f;
         __syncthreads();
     }
+    TRACE_MARK(0); // the inputs in (and their conv)
     float sq = 0.f, sk = 0.f;
     for (int i = t; i < DK; i += nt) {
         const float a = q[i + i / R * 4], b = k[i + i / R * 4];
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     const float ax = a_in + dt_bias;
     const float sp = ax > 20.f ? ax : log1pf(__expf(ax));
     const float g = __expf(-__expf(A_log) * sp);
+    TRACE_MARK(1); // the q/k norms, g and beta
     const float4 *k4 = reinterpret_cast<const float4 *>(k + part * RP);
     const float4 *q4 = reinterpret_cast<const float4 *>(q + part * RP);
     float a4[4] = {0.f, 0.f, 0.f, 0.f};
@@ -176,6 +178,7 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     for (int off = 1; off < TPC; off <<= 1) o += __shfl_xor_sync(0xffffffffu, o, off);
     o *= qs;
     float so = ok && part == 0 ? o * o : 0.f, unused = 0.f;
+    TRACE_MARK(2);               // the state updated
     block_sum2(so, unused, red); // its barriers also publish `last`
     if (ok && part == 0) p.y[h * dv + j] = o * rsqrtf(so / (float)dv + p.eps) * nw * silu_f(zz);
     if (ch >= 0 && ch < 2 * qk && last)
