@@ -64,8 +64,7 @@ shapes make_shapes() {
     memset(&s, 0, sizeof s);
     float *x = dev_f(H, 2.f), *nw = dev_f(H, 1.f), *big = dev_f(1 << 20, 1.f);
     float *y = dev_f(4096, 1.f), *z = dev_f(4096, 1.f), *gnw = dev_f(128, 1.f);
-    float *out = dev_f(300000, 0.f), *conv_w = dev_f(8192 * 4, 0.5f),
-          *conv_s = dev_f(8192 * 3, 1.f);
+    float *out = dev_f(300000, 0.f);
     float *act = dev_f((K + 1) * I, 1.f);
     (void)big;
     struct dmat qkvm = rand_mat(1, 8192, H, 4), zm = rand_mat(1, 4096, H, 4),
@@ -90,8 +89,7 @@ shapes make_shapes() {
 
     gemv_params *p = &s.in_proj;
     p->x = x, p->cols = H, p->norm_w = nw, p->eps = 1e-6f;
-    p->seg[0] = seg(qkvm, EPI_CONV, out);
-    p->seg[0].conv_w = conv_w, p->seg[0].conv_state = conv_s, p->seg[0].conv_k = 4;
+    p->seg[0] = seg(qkvm, EPI_STORE, out); // the DeltaNet step runs the conv (decode_step.cu)
     p->seg[1] = seg(zm, EPI_STORE, out + 8192);
     p->seg[2] = seg(bm, EPI_STORE, out + 12288);
     p->seg[3] = seg(am, EPI_STORE, out + 12320);
@@ -219,7 +217,7 @@ void bench_cold(const shapes &s, const cudaDeviceProp &prop, cudaStream_t st, in
     struct {
         const char *name;
         const gemv_params *p;
-    } ks[] = {{"dn in_proj 12352x2048 conv", &s.in_proj},
+    } ks[] = {{"dn in_proj 12352x2048", &s.in_proj},
               {"dn out_proj 2048x4096 gated", &s.out_proj},
               {"attn qkv 9216x2048", &s.qkv},
               {"attn o_proj 2048x4096", &s.o_proj},
@@ -309,7 +307,7 @@ int main(int argc, char **argv) {
         const char *name;
         gemv_params *p;
         double bytes;
-    } kinds[] = {{"dn in_proj 12352x2048 conv", &s.in_proj, s.b_in},
+    } kinds[] = {{"dn in_proj 12352x2048", &s.in_proj, s.b_in},
                  {"dn out_proj 2048x4096 gated", &s.out_proj, s.b_out},
                  {"attn qkv 9216x2048", &s.qkv, s.b_qkv},
                  {"attn o_proj 2048x4096", &s.o_proj, s.b_o},
