@@ -93,7 +93,8 @@ struct decode_config {
 void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);
 bool decode_dn_slices(void);
-bool decode_pdl(void); // launch the decode kernels with programmatic dependent launch
+bool decode_pdl(void);          // launch the decode kernels with programmatic dependent launch
+bool decode_kernels_sm90(void); // the loaded kernels hold their sm_90 paths (not sm_8x code)
 void qgemv_set_sm_count(int sm_count);
 void attn_set_device(int sm_count, size_t smem_optin);
 

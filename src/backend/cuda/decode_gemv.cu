@@ -12,10 +12,12 @@ static bool g_pdl;
 static bool g_dn_slices;
 
 void decode_configure(const struct decode_config *c) {
+    // the programmatic-launch waits exist only in sm_90+ code (decode_kernels_sm90)
+    const bool sm90 = c->cc_major >= 9 && decode_kernels_sm90();
     g_sm_count = c->sm_count;
     g_smem_optin = c->smem_optin;
     g_f32_gemv = c->f32_gemv;
-    g_pdl = c->pdl;
+    g_pdl = c->pdl && sm90;
     g_dn_slices = c->dn_slices;
     attn_set_device(c->sm_count, c->smem_optin);
     qgemv_set_sm_count(c->sm_count);
@@ -206,4 +208,20 @@ int gemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     k<<<nb, GEMV_THREADS, smem, s>>>(*p);
     CUDA_CHECK_LAUNCH();
     return 0;
+}
+
+// Whether the loaded decode kernels were compiled for sm_90+ (all translation units share the
+// build's architecture list). The programmatic-launch waits and the bulk copies exist only in
+// that code: a build of sm_8x code alone, JIT-compiled on a newer card, has them compiled out and
+// must run without both (it ran the streaming lm_head as an empty kernel, and overlapped kernels
+// that could not wait).
+bool decode_kernels_sm90(void) {
+    static int v = -1;
+    if (v < 0) {
+        cudaFuncAttributes a;
+        v = cudaFuncGetAttributes(&a, (const void *)gemv_kernel<32>) == cudaSuccess &&
+            a.ptxVersion >= 90;
+        cudaGetLastError();
+    }
+    return v == 1;
 }

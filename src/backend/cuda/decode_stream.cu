@@ -156,7 +156,7 @@ static int g_qs_sms = 132;
 static size_t g_qs_smem;
 
 void qstream_configure(int cc_major, int sm_count, size_t smem_optin, bool off) {
-    g_qs_on = cc_major >= 9 && !off;
+    g_qs_on = cc_major >= 9 && decode_kernels_sm90() && !off;
     g_qs_sms = sm_count;
     g_qs_smem = smem_optin;
 }
