@@ -55,7 +55,7 @@ static __device__ __forceinline__ void dn_conv_store(const dn_conv_ch &c, float 
 }
 
 // Block = value head h; TPC threads per state column j (adjacent lanes), each holding DK / TPC
-// of its rows in registers (TPC = 4 for DK = 128: 32 rows, 110 registers; with 2 the block's 64 KB
+// of its rows in registers (TPC = 4 for DK = 128: 32 rows, ~100 registers; with 2 the block's 64 KB
 // state came from half as many warps and each thread's chains were twice as long):
 // kv = S^T k and o = S^T q are per-thread sums plus a shuffle, and the block sees the whole
 // head's o, so it applies the gated RMSNorm: out_proj then reads a plain input (its prologue is
