@@ -12,12 +12,12 @@ static bool g_pdl;
 static bool g_dn_slices;
 
 void decode_configure(const struct decode_config *c) {
-    // the programmatic-launch waits exist only in sm_90+ code (decode_kernels_sm90)
-    const bool sm90 = c->cc_major >= 9 && decode_kernels_sm90();
     g_sm_count = c->sm_count;
     g_smem_optin = c->smem_optin;
     g_f32_gemv = c->f32_gemv;
-    g_pdl = c->pdl && sm90;
+    // the programmatic-launch waits exist only in sm_90+ code (decode_kernels_sm90, which is also
+    // false on a card below sm_90: it loads sm_8x code)
+    g_pdl = c->pdl && decode_kernels_sm90();
     g_dn_slices = c->dn_slices;
     attn_set_device(c->sm_count, c->smem_optin);
     qgemv_set_sm_count(c->sm_count);
