@@ -58,7 +58,7 @@ struct backend {
     const struct model *model;
     int max_chunk;       // largest n forward accepts
     size_t device_bytes; // memory the backend holds for weights (0 for the CPU's mmap)
-    int kv_elem_bytes;   // bytes per cached K/V element (4: f32, 2: bf16)
+    double kv_elem_bytes; // bytes per cached K/V element, scales included (f32 4, bf16 2, int8 ~1)
 };
 
 struct backend_opts {
@@ -66,6 +66,7 @@ struct backend_opts {
     int threads;       // CPU threads (0: all cores)
     int prefill_chunk; // 0: backend default
     int device;        // GPU index
+    bool kv_int8;      // K/V cached as int8 codes with a scale per row (backend/kv_int8.h)
 };
 
 // Creates the named backend for a loaded model ("auto": CUDA when a GPU is usable, else CPU).

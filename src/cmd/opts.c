@@ -101,6 +101,15 @@ int opt_engine(struct wren_engine_opts *o, int argc, char **argv, int *i) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         return opt_int("--ctx", v, 1, 1 << 24, &o->ctx) ? -1 : 1;
     }
+    if (opt_is(a, "--kv-cache")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (strcmp(v, "int8") && strcmp(v, "default")) {
+            fprintf(stderr, "wren: --kv-cache: expected default or int8, got '%s'\n", v);
+            return -1;
+        }
+        o->kv_int8 = !strcmp(v, "int8");
+        return 1;
+    }
     if (opt_is(a, "--device")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         return opt_int("--device", v, 0, 64, &o->device) ? -1 : 1;

@@ -47,7 +47,8 @@ struct wren_engine *wren_engine_open(const struct wren_engine_opts *o, struct wr
     struct backend_opts bo = {.name = o->backend,
                               .threads = o->threads,
                               .prefill_chunk = o->prefill_chunk,
-                              .device = o->device};
+                              .device = o->device,
+                              .kv_int8 = o->kv_int8};
     en->be = backend_create(&en->model, &bo, e);
     if (!en->be) {
         model_free(&en->model);

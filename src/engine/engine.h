@@ -22,6 +22,7 @@ struct wren_engine_opts {
     int prefill_chunk;   // 0: backend default
     int device;          // GPU index
     int ctx;             // default session context (0: min(model max, 32768))
+    bool kv_int8;        // --kv-cache int8
 };
 
 struct wren_engine *wren_engine_open(const struct wren_engine_opts *o, struct wren_err *e);

@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     struct model m;
     memset(&m, 0, sizeof m);
     DIE_IF(model_load(&m, argv[1], &e), "%s", e.msg);
-    struct backend_opts og = {"cuda", 0, 0, 0};
+    struct backend_opts og = {"cuda", 0, 0, 0, false};
     struct backend *gpu = backend_create(&m, &og, &e);
     DIE_IF(!gpu, "%s", e.msg);
     struct bstate *s = gpu->ops->state_new(gpu, ctx + 16, &e);

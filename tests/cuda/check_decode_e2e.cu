@@ -1,7 +1,8 @@
 // End-to-end check on a real checkpoint directory (argv[1]): the CUDA backend against the CPU
 // reference backend — logits of the decode step (n = 1) and of forward(n > 1) (rel L2, top-1
 // agreement), greedy generation through the captured graph + GPU sampler vs the CPU's argmax loop
-// (first 32 tokens), and snapshot restore + seeded sampling determinism.
+// (first 32 tokens), and snapshot restore + seeded sampling determinism. `int8`: both backends
+// with the int8 KV cache (--kv-cache int8).
 #include <algorithm>
 
 #include "common_check.cuh"
@@ -68,14 +69,19 @@ static void cmp_logits(const char *what, const float *g, const float *c, int T, 
 }
 
 int main(int argc, char **argv) {
-    DIE_IF(argc < 2, "usage: check_decode_e2e MODEL_DIR [T] [strict]");
+    DIE_IF(argc < 2, "usage: check_decode_e2e MODEL_DIR [T] [strict] [int8]");
     const int T = argc > 2 ? atoi(argv[2]) : 64;
-    g_strict = argc > 3 && !strcmp(argv[3], "strict");
+    bool int8 = false;
+    for (int i = 3; i < argc; i++) {
+        g_strict |= !strcmp(argv[i], "strict");
+        int8 |= !strcmp(argv[i], "int8");
+    }
+    if (int8) printf("     int8 KV cache on both backends\n");
     struct wren_err e;
     struct model m;
     memset(&m, 0, sizeof m);
     DIE_IF(model_load(&m, argv[1], &e), "%s", e.msg);
-    struct backend_opts oc = {"cpu", 0, 0, 0}, og = {"cuda", 0, 0, 0};
+    struct backend_opts oc = {"cpu", 0, 0, 0, int8}, og = {"cuda", 0, 0, 0, int8};
     struct backend *cpu = backend_create(&m, &oc, &e);
     DIE_IF(!cpu, "%s", e.msg);
     struct backend *gpu = backend_create(&m, &og, &e);

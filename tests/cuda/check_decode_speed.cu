@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
     double t0 = now_sec();
     DIE_IF(model_load(&m, argv[1], &e), "%s", e.msg);
     double t1 = now_sec();
-    struct backend_opts og = {"cuda", 0, 0, 0};
+    struct backend_opts og = {"cuda", 0, 0, 0, false};
     struct backend *gpu = backend_create(&m, &og, &e);
     DIE_IF(!gpu, "%s", e.msg);
     double t2 = now_sec();

@@ -109,7 +109,9 @@ int main(int argc, char **argv) {
     struct cuda_state st;
     st.max_ctx = max_len;
     st.n_attn = 10, st.n_dn = 30;
-    std::vector<uint16_t *> kc(10), vc(10);
+    st.kv_int8 = false;
+    st.kv_row = 2 * 256 * 2;
+    std::vector<unsigned char *> kc(10), vc(10);
     std::vector<float *> conv(30), ssm(30);
     for (int i = 0; i < 10; i++) {
         CK(cudaMalloc(&kc[i], (size_t)max_len * 2 * 256 * 2));

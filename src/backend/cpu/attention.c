@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/kv_int8.h"
 #include "util/util.h"
 
 static void rope(float *x, int pos, int rope_dim, float theta) {
@@ -86,8 +87,11 @@ int cpu_attention(struct cpu_backend *cb, struct cpu_state *st, int li, float *x
             float *kh = kc + (size_t)(pos + t) * kvd + (size_t)h * hd;
             rmsnorm(kh, k + (size_t)t * kvd + (size_t)h * hd, L->k_norm, hd, c->rms_eps);
             rope(kh, pos + t, c->rope_dim, c->rope_theta);
+            if (cb->kv_int8) kv_int8_round_trip(kh, hd);
         }
-        memcpy(vc + (size_t)(pos + t) * kvd, v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+        float *vr = vc + (size_t)(pos + t) * kvd;
+        memcpy(vr, v + (size_t)t * kvd, sizeof(float) * (size_t)kvd);
+        for (int h = 0; cb->kv_int8 && h < c->n_kv_heads; h++) kv_int8_round_trip(vr + h * hd, hd);
     }
     struct attn_job J = {.c = c, .pos = pos, .T = T, .q = q, .kc = kc, .vc = vc, .out = att};
     parallel_for(cb->tp, T * nh, 1, attend, &J);

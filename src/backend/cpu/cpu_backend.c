@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/kv_int8.h"
 #include "backend/cpu/cpu.h"
 #include "util/util.h"
 
@@ -209,12 +210,17 @@ static const struct backend_ops cpu_ops = {
 
 struct backend *cpu_backend_create(const struct model *m, const struct backend_opts *o,
                                    struct wren_err *e) {
-    (void)e;
+    if (o->kv_int8 && m->cfg.head_dim % KV_INT8_GROUP) {
+        wren_errf(e, "--kv-cache int8: head_dim %d is not a multiple of %d", m->cfg.head_dim,
+                  KV_INT8_GROUP);
+        return NULL;
+    }
     struct cpu_backend *cb = xcalloc(1, sizeof *cb);
     cb->base.ops = &cpu_ops;
     cb->base.model = m;
     cb->base.max_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : 256;
     cb->base.kv_elem_bytes = 4;
+    cb->kv_int8 = o->kv_int8;
     cb->tp = threadpool_new(o->threads);
     cb->slot = xcalloc((size_t)m->cfg.n_layers, sizeof(int));
     int n_attn = 0, n_dn = 0;

@@ -36,6 +36,7 @@ struct cuda_backend {
     int n_allocs, cap_allocs;
     cudaEvent_t ev[RING_N];
     size_t state_bytes_peak, state_bytes_now;
+    bool kv_int8; // states cache K/V as int8 rows (kv_int8.cuh)
 };
 
 static struct cuda_backend *cb_of(struct backend *b) {
@@ -315,7 +316,9 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
     st->max_ctx = max_ctx;
     st->n_attn = cfg_n_attn_layers(c);
     st->n_dn = c->n_layers - st->n_attn;
-    const size_t kv = (size_t)max_ctx * c->n_kv_heads * c->head_dim * 2;
+    st->kv_int8 = cb->kv_int8;
+    st->kv_row = kv_row_bytes(c->n_kv_heads, c->head_dim, st->kv_int8);
+    const size_t kv = (size_t)max_ctx * st->kv_row;
     const size_t conv = (size_t)cfg_dn_conv_dim(c) * (c->conv_kernel - 1) * 4;
     const size_t ssm = (size_t)c->dn_v_heads * c->dn_k_dim * c->dn_v_dim * 4;
     const size_t al = 256;
@@ -350,13 +353,13 @@ static struct bstate *cuda_state_new(struct backend *b, int max_ctx, struct wren
         return NULL;
     }
     char *base = (char *)s->block;
-    st->k_cache = (uint16_t **)xcalloc(st->n_attn + 1, sizeof(uint16_t *));
-    st->v_cache = (uint16_t **)xcalloc(st->n_attn + 1, sizeof(uint16_t *));
+    st->k_cache = (unsigned char **)xcalloc(st->n_attn + 1, sizeof(unsigned char *));
+    st->v_cache = (unsigned char **)xcalloc(st->n_attn + 1, sizeof(unsigned char *));
     st->conv = (float **)xcalloc(st->n_dn + 1, sizeof(float *));
     st->ssm = (float **)xcalloc(st->n_dn + 1, sizeof(float *));
     for (int j = 0; j < st->n_attn; j++) {
-        st->k_cache[j] = (uint16_t *)(base + kv_off + (2 * j) * up(kv));
-        st->v_cache[j] = (uint16_t *)(base + kv_off + (2 * j + 1) * up(kv));
+        st->k_cache[j] = (unsigned char *)(base + kv_off + (2 * j) * up(kv));
+        st->v_cache[j] = (unsigned char *)(base + kv_off + (2 * j + 1) * up(kv));
     }
     for (int j = 0; j < st->n_dn; j++) {
         st->conv[j] = (float *)(base + conv_off + j * up(conv));
@@ -579,8 +582,7 @@ static struct bsnap *cuda_snap_save(struct backend *b, struct bstate *s, int pos
                                     struct wren_err *e) {
     struct cuda_backend *cb = cb_of(b);
     if (use_device(cb, e)) return NULL;
-    const struct model_config *c = cb->cx.cfg;
-    const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
+    const size_t row = s->st.kv_row;
     if (pos < 0 || pos > s->st.max_ctx) {
         wren_errf(e, "snapshot position %d outside the context", pos);
         return NULL;
@@ -622,8 +624,7 @@ static int cuda_snap_restore(struct backend *b, struct bstate *s, const struct b
                              struct wren_err *e) {
     CUDA_CHECK(cudaSetDevice(cb_of(b)->cx.device));
     struct cuda_backend *cb = cb_of(b);
-    const struct model_config *c = cb->cx.cfg;
-    const size_t row = (size_t)c->n_kv_heads * c->head_dim * 2;
+    const size_t row = s->st.kv_row;
     if (sn->pos > s->st.max_ctx)
         return wren_errf(e, "snapshot of %d tokens does not fit this state", sn->pos);
     cudaStream_t st = cb->cx.stream;
@@ -720,7 +721,9 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     struct cuda_backend *cb = (struct cuda_backend *)xcalloc(1, sizeof *cb);
     cb->b.ops = &cuda_ops;
     cb->b.model = m;
-    cb->b.kv_elem_bytes = 2;
+    cb->kv_int8 = o && o->kv_int8;
+    // int8: a code per element and an f32 scale per KV_INT8_GROUP of them
+    cb->b.kv_elem_bytes = cb->kv_int8 ? 1.0 + 4.0 / KV_INT8_GROUP : 2.0;
     cb->cx.model = m;
     cb->cx.cfg = &m->cfg;
     cb->cx.device = dev;
@@ -775,6 +778,14 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         wren_errf(e,
                   "%d experts with top-%d is beyond the CUDA decode kernels (at most %d, top-%d)",
                   c->n_experts, K, ROUTE_MAX_EXPERTS, GEMV_MAXSEG - 1);
+        free(cb);
+        return NULL;
+    }
+    if (cb->kv_int8 && !attn_int8_ok(c->head_dim, c->n_heads, c->n_kv_heads)) {
+        wren_errf(e,
+                  "--kv-cache int8: the CUDA attention kernels need head_dim 256 and at most 16 "
+                  "query heads per KV head (this model: %d, %d / %d)",
+                  c->head_dim, c->n_heads, c->n_kv_heads);
         free(cb);
         return NULL;
     }

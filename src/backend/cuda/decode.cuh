@@ -4,6 +4,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/decode_trace.cuh"
+#include "backend/cuda/kv_int8.cuh"
 
 // ---- GEMV over one activation row, several matrices per launch --------------------------------
 #define GEMV_MAXSEG       12
@@ -148,7 +149,9 @@ struct attn_params {
     const float *qg;              // q_proj output: per head [query | gate] (gate) or [query]
     const float *k, *v;           // [n_kv][hd]
     const float *q_norm, *k_norm; // [hd]
-    uint16_t *kc, *vc;            // caches bf16 [max_ctx][n_kv][hd]
+    unsigned char *kc, *vc;       // caches: [max_ctx] rows of kv_row bytes (kv_int8.cuh)
+    int kv_int8;                  // rows hold int8 codes + scales (else bf16)
+    int kv_row;                   // bytes per cache row
     const int *pos;               // device: position of this token (context = pos + 1)
     int n_heads, n_kv, hd, rope_dim;
     float rope_theta, eps;
@@ -160,6 +163,9 @@ struct attn_params {
     float *out;  // [n_heads][hd] gated attention output
 };
 int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e);
+// Whether the int8 KV cache's kernels serve this attention shape (decode: decode_attn_q8.cu;
+// prefill: the bf16 flash kernel over dequantized rows).
+bool attn_int8_ok(int hd, int n_heads, int n_kv);
 // Splits to use for a KV head count on this device (enough blocks to fill it at long contexts).
 int attn_splits(int n_kv);
 

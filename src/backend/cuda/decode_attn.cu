@@ -2,11 +2,10 @@
 // split-KV flash decoding (each block: one KV head x one slice of the context, all G query heads of
 // the KV head sharing every K/V load), then the combine with the sigmoid output gate. The context
 // length is read from device memory, so one captured graph serves every position.
-#include "backend/cuda/decode.cuh"
+#include "backend/cuda/decode_attn.cuh"
 #include "backend/cuda/mma.cuh"
 
 #define ATT_THREADS 256
-#define ATT_TILE    64
 
 static int g_att_sms = 132;
 static size_t g_att_smem = 48 * 1024; // opt-in shared memory per block
@@ -49,8 +48,7 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     const float *nw = isq ? p.q_norm : p.k_norm;
     if (d < hd) xs[d] = x * rsqrtf(ss / (float)hd + p.eps) * nw[d];
     __syncthreads();
-    if (d >= hd) return;
-    float y = xs[d];
+    float y = d < hd ? xs[d] : 0.f;
     if (d < p.rope_dim) {
         // the angle in f32 as the reference computes it; sin/cos in f64
         const float ang = (float)pos * inv;
@@ -62,31 +60,41 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
                      : (float)(xs[d] * cs + xs[d - half] * sn);
     }
     if (isq) {
-        p.q_ws[(size_t)h * hd + d] = y;
-    } else {
-        size_t o = ((size_t)pos * p.n_kv + h) * hd + d;
-        p.kc[o] = f32_to_bf16_bits(y);
-        p.vc[o] = f32_to_bf16_bits(p.v[(size_t)h * hd + d]);
+        if (d < hd) p.q_ws[(size_t)h * hd + d] = y;
+        return;
     }
-}
-
-// Context slice [start, end) of split sidx: the length (read on the device) is cut into p.splits
-// slices rounded up to ATT_TILE tokens. An empty slice writes the neutral partial (m = -inf, l = 0)
-// for its G heads and returns false.
-static __device__ __forceinline__ int attn_chunk(int L, int splits) {
-    const int chunk = (L + splits - 1) / splits;
-    return (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-}
-static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, int sidx, int G,
-                                                  float *part, int &start, int &end) {
-    const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);
-    start = sidx * chunk, end = min(L, start + chunk);
-    if (start < end) return true;
-    if ((int)threadIdx.x < G)
-        part[(size_t)threadIdx.x * (p.hd + 2) + p.hd] = -INFINITY,
-                                                part[(size_t)threadIdx.x * (p.hd + 2) + p.hd + 1] =
-                                                    0.f;
-    return false;
+    const float v = d < hd ? p.v[(size_t)h * hd + d] : 0.f;
+    unsigned char *kr = p.kc + (size_t)pos * p.kv_row, *vr = p.vc + (size_t)pos * p.kv_row;
+    if (!p.kv_int8) {
+        if (d < hd) {
+            reinterpret_cast<uint16_t *>(kr)[(size_t)h * hd + d] = f32_to_bf16_bits(y);
+            reinterpret_cast<uint16_t *>(vr)[(size_t)h * hd + d] = f32_to_bf16_bits(v);
+        }
+        return;
+    }
+    // int8 rows (hd a multiple of the group, so blockDim.x == hd): max |k| and |v| over each group
+    // of KV_INT8_GROUP dims, i.e. over its warps (every thread read red before the barrier above)
+    constexpr int WPG = KV_INT8_GROUP / 32;
+    float ka = fabsf(y), va = fabsf(v);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        ka = fmaxf(ka, __shfl_xor_sync(0xffffffffu, ka, o));
+        va = fmaxf(va, __shfl_xor_sync(0xffffffffu, va, o));
+    }
+    __shared__ float vmax[32];
+    if ((d & 31) == 0) red[d >> 5] = ka, vmax[d >> 5] = va;
+    __syncthreads();
+    const int g = d / KV_INT8_GROUP;
+    ka = va = 0.f;
+#pragma unroll
+    for (int w = 0; w < WPG; w++) ka = fmaxf(ka, red[g * WPG + w]), va = fmaxf(va, vmax[g * WPG + w]);
+    kr[(size_t)h * hd + d] = kv_int8_code(y, kv_int8_inv(ka));
+    vr[(size_t)h * hd + d] = kv_int8_code(v, kv_int8_inv(va));
+    if (d % KV_INT8_GROUP == 0) {
+        const int ng = hd / KV_INT8_GROUP;
+        kv_int8_scales(kr, p.n_kv, hd)[h * ng + g] = kv_int8_scale(ka);
+        kv_int8_scales(vr, p.n_kv, hd)[h * ng + g] = kv_int8_scale(va);
+    }
 }
 
 template <int DPL> struct kvec;
@@ -136,7 +144,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
     for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = 0.f;
     const size_t rowst = (size_t)p.n_kv * HD;
-    const uint16_t *kbase = p.kc + (size_t)kvh * HD, *vbase = p.vc + (size_t)kvh * HD;
+    const uint16_t *kbase = reinterpret_cast<const uint16_t *>(p.kc) + (size_t)kvh * HD,
+                   *vbase = reinterpret_cast<const uint16_t *>(p.vc) + (size_t)kvh * HD;
     constexpr int VPT = ATT_TILE / NSUB; // V rows per thread per tile
     for (int t0 = start; t0 < end; t0 += ATT_TILE) {
         // issue this tile's V loads first (used after the softmax) and all 8 K rows of the warp
@@ -247,20 +256,13 @@ __global__ void __launch_bounds__(ATT_THREADS)
 }
 
 // Split-KV decode attention on tensor cores for head_dim 256 with 8 or 16 query heads per KV
-// head (Qwen3.5/3.6: 16): the G heads of a KV head are the rows of one m16n8k16 tile, so Q K^T
+// head (Qwen3.6-35B-A3B: 8): the G heads of a KV head are the rows of one m16n8k16 tile, so Q K^T
 // and P V are bf16 mma's with f32 accumulation; the FMA kernel above would do 16 multiply-adds
 // per K or V element loaded and be compute-bound at long contexts. Q is split into two bf16 parts
 // (hi + lo) so the scores keep ~16 mantissa bits, as the f32 kernel; P is bf16 (as in prefill).
 // Block = (KV head, context slice) with MW warps; each warp streams its own tiles of 16 keys
 // (K and V rows cp.async'd into a private buffer of NS stages), keeps its own online softmax and
 // output [16 x 256] in registers, and the warps are merged at the end into the slice's partial.
-#define AM_HD 256
-#define AM_KT 16 // keys per warp tile
-#define AM_NW 4  // warps per block
-
-static __device__ __forceinline__ int amswz(int r, int c) { // chunk c (8 bf16) of row r
-    return r * AM_HD + ((c ^ (r & 7)) << 3);
-}
 // Q (hi, lo) then the warps' K/V stages, which the final merge reuses for (o, m, l) per warp.
 static __host__ __device__ constexpr size_t am_smem(int ns) {
     return (size_t)2 * 16 * AM_HD * 2 +
@@ -385,10 +387,13 @@ __global__ void __launch_bounds__(AM_NW * 32)
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
+        // once the maxima settle, no row of the warp moves: skip the 128 multiplies by 1
+        if (__any_sync(~0u, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < AM_HD / 8; i++) {
-            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+            for (int i = 0; i < AM_HD / 8; i++) {
+                o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+            }
         }
 #pragma unroll
         for (int np = 0; np < AM_HD / 16; np++) {
@@ -423,23 +428,7 @@ __global__ void __launch_bounds__(AM_NW * 32)
         }
     }
     __syncthreads();
-    const float ln2 = 0.6931471805599453f;
-    for (int i = tid; i < G * AM_HD; i += AM_NW * 32) {
-        const int row = i / AM_HD, d = i % AM_HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < AM_NW; w++) M = fmaxf(M, wm[w * 16 + row]);
-        float acc = 0.f, den = 0.f;
-#pragma unroll
-        for (int w = 0; w < AM_NW; w++) {
-            const float sc = wl[w * 16 + row] > 0.f ? exp2f(wm[w * 16 + row] - M) : 0.f;
-            acc += sc * wo[((size_t)w * 16 + row) * AM_HD + d];
-            den += sc * wl[w * 16 + row];
-        }
-        float *pt = part + (size_t)row * (AM_HD + 2);
-        pt[d] = acc;
-        if (d == 0) pt[AM_HD] = M * ln2, pt[AM_HD + 1] = den; // the combine works in base e
-    }
+    am_merge(wo, wm, wl, G, part);
 }
 
 // Merges the splits and applies the output gate. Block = (query head, 32 dims); warp w folds the
@@ -549,7 +538,9 @@ int attn_launch(const struct attn_params *p, cudaStream_t s, struct wren_err *e)
                           p->hd * sizeof(float), s, decode_pdl(), *p));
     struct attn_params q = *p; // the tensor-core path may use fewer splits
     int rc;
-    if (p->hd == AM_HD && (G == 16 || G == 8)) {
+    if (p->kv_int8) {
+        rc = attn_split_q8_launch(&q, g_att_sms, g_att_smem, s, e);
+    } else if (p->hd == AM_HD && (G == 16 || G == 8)) {
         rc = attn_mma_launch(&q, G, s, e);
     } else {
         switch (p->hd) {

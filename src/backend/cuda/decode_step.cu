@@ -193,6 +193,8 @@ static int attention_layer(struct cuda_ctx *cx, struct decode_ws *ws, struct cud
     ap.k_norm = L->k_norm;
     ap.kc = st->k_cache[j];
     ap.vc = st->v_cache[j];
+    ap.kv_int8 = st->kv_int8;
+    ap.kv_row = (int)st->kv_row;
     ap.pos = ws->pos;
     ap.n_heads = c->n_heads;
     ap.n_kv = c->n_kv_heads;

@@ -6,6 +6,7 @@
 // earlier chunks and this one are read the same way. The output gate sigmoid is applied in the
 // epilogue.
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/kv_int8.cuh"
 #include "backend/cuda/prefill.cuh"
 
 namespace {
@@ -25,8 +26,8 @@ __device__ __forceinline__ int fswz(int r, int c) {
 // q/k RMSNorm + partial rotate-half RoPE; q -> qb [nh][T][hd] bf16, k/v -> caches.
 // Block per (token, head slot): slots [0, nh) q heads, [nh, nh + nkv) k heads, then v heads.
 __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float *k, const float *v,
-                                 const float *q_norm, const float *k_norm, bf16 *qb, uint16_t *kc,
-                                 uint16_t *vc) {
+                                 const float *q_norm, const float *k_norm, bf16 *qb, void *kc,
+                                 void *vc) {
     extern __shared__ float xs[];
     __shared__ float red[32];
     const int t = blockIdx.x, slot = blockIdx.y, hd = d.hd;
@@ -71,15 +72,59 @@ __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float 
         }
     }
     __syncthreads();
-    bf16 *dst;
-    if (slot < d.nh)
-        dst = qb + ((size_t)slot * d.T + t) * hd;
-    else if (slot < d.nh + d.nkv)
-        dst = reinterpret_cast<bf16 *>(kc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh) * hd;
-    else
-        dst =
-            reinterpret_cast<bf16 *>(vc) + ((size_t)(d.pos + t) * d.nkv + slot - d.nh - d.nkv) * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(xs[i]);
+    if (slot < d.nh) {
+        bf16 *dst = qb + ((size_t)slot * d.T + t) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(xs[i]);
+        return;
+    }
+    const bool isk = slot < d.nh + d.nkv;
+    const int h = isk ? slot - d.nh : slot - d.nh - d.nkv;
+    unsigned char *cache = reinterpret_cast<unsigned char *>(isk ? kc : vc);
+    if (!d.kv_int8) {
+        bf16 *dst = reinterpret_cast<bf16 *>(cache) + ((size_t)(d.pos + t) * d.nkv + h) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = __float2bfloat16(xs[i]);
+        return;
+    }
+    // int8 row (kv_int8.cuh): a warp per group takes its max |x| into red (free: read before the
+    // last barrier)
+    const int ng = hd / KV_INT8_GROUP, lane = threadIdx.x & 31;
+    for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
+        float a = 0.f;
+        for (int i = lane; i < KV_INT8_GROUP; i += 32) a = fmaxf(a, fabsf(xs[g * KV_INT8_GROUP + i]));
+        for (int o = 16; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(~0u, a, o));
+        if (lane == 0) red[g] = a;
+    }
+    __syncthreads();
+    unsigned char *row = cache + (size_t)(d.pos + t) * d.kv_row;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        row[(size_t)h * hd + i] = kv_int8_code(xs[i], kv_int8_inv(red[i / KV_INT8_GROUP]));
+    if ((int)threadIdx.x < ng)
+        kv_int8_scales(row, d.nkv, hd)[h * ng + threadIdx.x] = kv_int8_scale(red[threadIdx.x]);
+}
+
+// int8 cache rows [0, rows) -> bf16 [rows][nkv][hd] (K into kd, V into vd; blockIdx.y: which),
+// 8 values per thread.
+__global__ void kv_dequant_kernel(const attn_dims d, int rows, const unsigned char *kc,
+                                  const unsigned char *vc, bf16 *kd, bf16 *vd) {
+    const size_t n = (size_t)rows * d.nkv * (d.hd / 8);
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int per_row = d.nkv * (d.hd / 8);
+    const size_t r = i / per_row;
+    const int h = (int)(i % per_row) / (d.hd / 8), c = (int)(i % per_row) % (d.hd / 8);
+    const unsigned char *row = (blockIdx.y ? vc : kc) + r * d.kv_row;
+    const float sc = reinterpret_cast<const float *>(
+        row + (size_t)d.nkv * d.hd)[(h * d.hd + c * 8) / KV_INT8_GROUP];
+    const uint2 q = *reinterpret_cast<const uint2 *>(row + (size_t)h * d.hd + c * 8);
+    const uint32_t w[2] = {q.x, q.y};
+    uint32_t out[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t x = w[k >> 1] >> (16 * (k & 1));
+        out[k] = pack_bf16((float)((int)(x & 0xFF) - 128) * sc, (float)((int)((x >> 8) & 0xFF) - 128) * sc);
+    }
+    bf16 *dst = (blockIdx.y ? vd : kd) + ((r * d.nkv + h) * d.hd + c * 8);
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // NW warps of 16 queries each: 8 (128 queries) amortise each K/V tile over twice the queries and
@@ -260,12 +305,25 @@ int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint
 
 int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
                  const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
-                 uint16_t *k_cache, uint16_t *v_cache, struct wren_err *e) {
+                 void *k_cache, void *v_cache, struct wren_err *e) {
     if (d->rope_dim % 2 || d->rope_dim > d->hd)
         return wren_errf(e, "attention: rope dim %d not supported", d->rope_dim);
     dim3 grid(d->T, d->nh + 2 * d->nkv);
     attn_prep_kernel<<<grid, 128, d->hd * sizeof(float), s>>>(*d, q, k, v, q_norm, k_norm, qb,
                                                               k_cache, v_cache);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+int pf_kv_dequant(cudaStream_t s, const struct attn_dims *d, int rows, const void *k_cache,
+                  const void *v_cache, bf16 *kd, bf16 *vd, struct wren_err *e) {
+    if (!d->kv_int8 || d->hd % KV_INT8_GROUP)
+        return wren_errf(e, "attention: no int8 cache to dequantize");
+    const size_t n = (size_t)rows * d->nkv * (d->hd / 8);
+    if (n == 0) return 0;
+    dim3 grid((unsigned)((n + 255) / 256), 2);
+    kv_dequant_kernel<<<grid, 256, 0, s>>>(*d, rows, (const unsigned char *)k_cache,
+                                           (const unsigned char *)v_cache, kd, vd);
     CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -1,5 +1,6 @@
 // Tensor-core and async-copy building blocks (sm_80+) shared by the prefill GEMM and flash
-// attention: cp.async 16-byte copies, ldmatrix, and the bf16 m16n8k16 mma with f32 accumulation.
+// attention: cp.async 16-byte copies, ldmatrix, and the bf16 / f16 m16n8k16 mma with f32
+// accumulation.
 #pragma once
 #include <stdint.h>
 
@@ -33,6 +34,14 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const vo
 static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
                                                 uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The same with f16 fragments.
+static __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

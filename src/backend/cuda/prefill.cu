@@ -55,6 +55,9 @@ struct prefill_ws {
     struct moe_route_buf rb; // rb.max_tiles: the tile map's capacity
     // logits
     float *lg;
+    // int8 KV cache: the dequantized K then V rows of one layer, for kvd_ctx positions
+    bf16 *kvd;
+    int kvd_ctx;
     // split-K partial sums of dense GEMMs with few tiles (gemm_split.cu)
     float *split;
     size_t split_bytes;
@@ -73,7 +76,7 @@ void ws_free(struct prefill_ws *w) {
                     w->y,         w->q,          w->k,          w->v,
                     w->qb,        w->ao,         w->rl,         w->ye,
                     w->sh,        w->shg,        w->h,          w->shh,
-                    w->lg,        w->split,      w->rb.topk_id, w->rb.topk_w,
+                    w->lg,        w->split,      w->rb.topk_id, w->rb.topk_w,  w->kvd,
                     w->rb.counts, w->rb.offsets, w->rb.cursor,  w->rb.sorted_tok,
                     w->rb.slot,   w->rb.tiles,   w->rb.n_tiles};
     for (void *b : bufs)
@@ -176,7 +179,8 @@ int run_deltanet(runner &r, const struct dlayer *L, float *conv, float *ssm, int
     return pf_gemm(s, w->y, V, T, &L->dn_out, nullptr, w->x, c->hidden, EPI_ADD_F32, nullptr, e);
 }
 
-int run_attention(runner &r, const struct dlayer *L, uint16_t *kc, uint16_t *vc, int pos, int T) {
+int run_attention(runner &r, const struct cuda_state *st, const struct dlayer *L, unsigned char *kc,
+                  unsigned char *vc, int pos, int T) {
     const struct model_config *c = r.cx->cfg;
     struct prefill_ws *w = r.w;
     struct wren_err *e = r.e;
@@ -188,12 +192,20 @@ int run_attention(runner &r, const struct dlayer *L, uint16_t *kc, uint16_t *vc,
         pf_gemm(s, w->xn, c->hidden, T, &L->k_proj, nullptr, w->k, kvd, EPI_F32, nullptr, e) ||
         pf_gemm(s, w->xn, c->hidden, T, &L->v_proj, nullptr, w->v, kvd, EPI_F32, nullptr, e))
         return -1;
-    struct attn_dims d = {T,           pos,           c->n_heads, c->n_kv_heads,      c->head_dim,
-                          c->rope_dim, c->rope_theta, c->rms_eps, c->attn_output_gate};
+    const struct attn_dims d = {T,          pos,          c->n_heads,   c->n_kv_heads,
+                                c->head_dim, c->rope_dim, c->rope_theta, c->rms_eps,
+                                c->attn_output_gate, st->kv_int8, (int)st->kv_row};
     r.phase(PF_ATTN);
-    if (pf_attn_prep(s, &d, w->q, w->k, w->v, L->q_norm, L->k_norm, w->qb, kc, vc, e) ||
-        pf_flash_attn(s, &d, w->qb, kc, vc, w->q, w->ao, r.cx->smem_optin, e))
-        return -1;
+    if (pf_attn_prep(s, &d, w->q, w->k, w->v, L->q_norm, L->k_norm, w->qb, kc, vc, e)) return -1;
+    const uint16_t *kr = reinterpret_cast<const uint16_t *>(kc),
+                   *vr = reinterpret_cast<const uint16_t *>(vc);
+    if (d.kv_int8) { // attend to the dequantized rows [0, pos + T)
+        const size_t n = (size_t)st->max_ctx * kvd;
+        if (pf_kv_dequant(s, &d, pos + T, kc, vc, w->kvd, w->kvd + n, e)) return -1;
+        kr = reinterpret_cast<const uint16_t *>(w->kvd);
+        vr = reinterpret_cast<const uint16_t *>(w->kvd + n);
+    }
+    if (pf_flash_attn(s, &d, w->qb, kr, vr, w->q, w->ao, r.cx->smem_optin, e)) return -1;
     r.phase(PF_GEMM);
     return pf_gemm(s, w->ao, c->n_heads * c->head_dim, T, &L->o_proj, nullptr, w->x, c->hidden,
                    EPI_ADD_F32, nullptr, e);
@@ -272,6 +284,14 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
             return -1;
         }
     }
+    if (st->kv_int8 && w->kvd_ctx < st->max_ctx) { // sized for the state's whole context
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        if (w->kvd) cudaFree(w->kvd); // release only: nothing to report
+        w->kvd = nullptr;
+        w->kvd_ctx = 0;
+        if (alloc(&w->kvd, (size_t)2 * st->max_ctx * c->n_kv_heads * c->head_dim, e)) return -1;
+        w->kvd_ctx = st->max_ctx;
+    }
     pf_gemm_set_split_ws(w->split, w->split_bytes);
     runner r = {cx, w, e};
     w->n_ev = 0;
@@ -284,7 +304,7 @@ int cuda_prefill(struct cuda_ctx *cx, struct cuda_state *st, int pos, const int3
         r.phase(PF_OTHER);
         if (pf_rmsnorm_bf16(s, w->x, L->input_norm, n, c->hidden, c->rms_eps, w->xn, e)) return -1;
         int rc = L->kind == LAYER_ATTENTION
-                     ? run_attention(r, L, st->k_cache[ia], st->v_cache[ia], pos, n)
+                     ? run_attention(r, st, L, st->k_cache[ia], st->v_cache[ia], pos, n)
                      : run_deltanet(r, L, st->conv[id], st->ssm[id], n);
         if (rc) return wren_err_prefix(e, "layer %d: ", l);
         ia += L->kind == LAYER_ATTENTION;

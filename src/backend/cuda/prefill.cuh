@@ -167,12 +167,19 @@ struct attn_dims {
     int T, pos, nh, nkv, hd, rope_dim;
     float theta, eps;
     bool gate;
+    bool kv_int8; // the caches hold int8 rows (kv_int8.cuh) of kv_row bytes, else bf16
+    int kv_row;
 };
 // q [T, nh*hd*(gate?2:1)] f32 from q_proj, k/v [T, nkv*hd] f32: q/k RMSNorm + RoPE, q to bf16
-// [nh][T][hd] in qb, K/V written to the caches (bf16 [ctx][nkv][hd]) at rows [pos, pos+T).
+// [nh][T][hd] in qb, K/V written to the caches (bf16 [ctx][nkv][hd], or int8 rows) at rows
+// [pos, pos+T).
 int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
                  const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
-                 uint16_t *k_cache, uint16_t *v_cache, struct wren_err *e);
+                 void *k_cache, void *v_cache, struct wren_err *e);
+// Rows [0, rows) of int8 caches as the values they stand for, bf16 [rows][nkv][hd] in kd / vd
+// (what pf_flash_attn then reads: prefill attends to the same values as decode).
+int pf_kv_dequant(cudaStream_t s, const struct attn_dims *d, int rows, const void *k_cache,
+                  const void *v_cache, bf16 *kd, bf16 *vd, struct wren_err *e);
 // Causal attention of the chunk's queries over cache rows [0, pos+T); out bf16 [T, nh*hd],
 // multiplied by sigmoid(gate) (read from q) when d->gate. smem_optin: the device's shared memory
 // per block (picks the block shape).
