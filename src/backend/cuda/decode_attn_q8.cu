@@ -1,34 +1,42 @@
 // Split-KV decode attention over the int8 KV cache (kv_int8.cuh): head_dim 256, up to 16 query
-// heads per KV head, the scheme of attn_split_mma_kernel (decode_attn.cu) with half the bytes per
-// key and f16 mma's. The codes need no conversion instruction: a code byte u placed under the f16
-// exponent of 8 (one byte permute: 0x48uu) is x = 8 + u / 128 = 9 + q / 128, exactly.
-//   Q K^T: one accumulator per 64-dim group g sums q . x; minus 9 times the group's sum of q (per
-//   row, computed once) it is q . q_codes / 128, which the key's group scale (times 128) turns into
-//   the score: the K bytes go into the mma as they are.
-//   P V: x - 9 = q / 128 exactly, times the value's group scale * 128 in f16 (a subtraction and a
-//   multiply per pair; folding the offset as for K would leave 8 + u / 128 rounded to f16 products,
-//   ~10 times the value's own rounding error).
-// Q is one f16 part (11 mantissa bits; the values carry 8).
-//
+// heads per KV head. Each warp streams its own tiles of 16 keys through f16 mma's with the keys
+// (and for P V the dims) as the 16 rows and the query heads as the 8 columns, so a KV head's 8
+// heads fill the tile and a thread's output is 256 x 8 / 32 = 64 floats. The codes need no
+// conversion instruction: a code byte u placed under the f16 exponent of 8 (one byte permute:
+// 0x48uu) is x = 8 + u / 128 = 9 + q / 128, exactly.
+//   S^T = K Q^T: one accumulator per 64-dim group g sums x . q; minus 9 times the group's sum of q
+//   (per head, computed once) it is q_codes . q / 128, which the key's group scale (times 128)
+//   turns into the score: the K bytes go into the mma as they are. Q^T is read from shared
+//   memory per tile (in registers it cost the third block per SM its spill-free budget).
+//   O^T = V^T P^T: the 16 dims of a row tile lie in one group, so the value scales go into P (per
+//   key and group: p * scale * 128 rounded once to f16) and the V bytes go in as x, too: 9 times
+//   the sum of the f16 P of the group comes off at the end. P comes out of the scores as S^T and
+//   is transposed to the B operand with movmatrix.
+// Q is one f16 part (11 mantissa bits; the values carry 8). Per 16-key tile a warp issues 32
+// mma's and about 600 instructions; two blocks of 4 warps per SM (194 registers). At 128K context
+// the kernel streams the cache at ~70% of HBM peak, stalled mostly on its loads (NOTES.md, "int8
+// KV cache").
 #include <cuda_fp16.h>
 
 #include "backend/cuda/decode_attn.cuh"
 #include "backend/cuda/mma.cuh"
 
+// K/V stages per warp: one tile in flight while one is computed. Three (fits two blocks per SM on
+// Hopper) ran the kernel no faster and the decode step 1-2% slower.
+#define AQ_NS 2
 // One stage: K codes [16][256], V codes [16][256], then the 16 keys' 16-byte scale chunks (K, V).
 #define AQ_STAGE (2 * AM_KT * AM_HD + 2 * AM_KT * 16)
 
-// Byte offset of 16-byte chunk c of row r in a [16][256] code tile. The XOR keeps both read
-// patterns free of bank conflicts: K (8 lanes: rows r, r + 1, four consecutive chunks) and V
-// (8 lanes: rows 2c for c < 4, two chunks).
-static __device__ __forceinline__ int aqswz(int r, int c) {
-    const int f = (((r >> 1) & 3) << 1) ^ ((r & 1) << 2);
-    return r * AM_HD + ((c ^ f) << 4);
+// The swizzles of the code tiles: chunk c (16 bytes) of key row r sits at chunk c ^ f(r), so that
+// the reads below are conflict-free. K: each quarter warp reads four consecutive chunks of rows
+// r, r + 1; V: each half warp reads 2 x 8 bytes of rows 2c4 (c4 < 4) at one group's first or
+// second 32 bytes. Both XOR bits 1-2 only, so that a row's chunks 4 i + x move by XOR-ing i << 6.
+static __device__ __forceinline__ int aq_kf(int r) {
+    return (((r >> 1) & 3) << 1) ^ ((r & 1) << 2);
 }
-// Q K^T's k-tile kk, logical k = t, stands for dim 64 (kk / 4) + 16 c + 4 (kk % 4) + e with
-// c = (t & 7) / 2, e = (t & 1) + 2 (t / 8): thread c of a quad reads 16-byte chunk 4 (kk / 4) + c of
-// a key row, whose word kk % 4 holds the tile's 4 dims of that thread (bytes 0, 1: k = 2c, 2c + 1;
-// bytes 2, 3: k = 2c + 8, 2c + 9). Q is stored in that order.
+static __device__ __forceinline__ int aq_vf(int r) {
+    return ((r >> 1) & 3) << 1;
+}
 static __device__ __forceinline__ uint32_t aq_bits(__half2 h) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
@@ -38,38 +46,32 @@ static __device__ __forceinline__ uint32_t aq_bits(__half2 h) {
 static __device__ __forceinline__ uint32_t aq_x(uint32_t w, uint32_t sel) {
     return __byte_perm(w, 0x48484848u, sel);
 }
-// Their values: q / 128 times s128 (the groups' scales times 128).
-static __device__ __forceinline__ uint32_t aq_val(uint32_t w, uint32_t sel, __half2 s128) {
-    const uint32_t x = aq_x(w, sel);
-    return aq_bits(
-        __hmul2(__hsub2(*reinterpret_cast<const __half2 *>(&x), __float2half2_rn(9.f)), s128));
-}
-// The merge's column of output dim d in row r: the P V fragments leave dim 128 hh + 16 (2 c + e) + j
-// in the register of n-tile 16 hh + j, so a warp's stores of one register would all hit one bank;
-// XOR-ing the low 5 bits with (r, c) spreads them (bits 5-6 hold c: invertible).
+// The merge's column of output dim d of head h: a warp's stores of one output register cover
+// dims 8 (g8 & 3) + t of 4 heads 2c4 + e and 2 values of bit 5; XOR-ing bits 0-2 with those
+// spreads them over the 32 banks.
 struct aq_cols {
-    __device__ int operator()(int r, int d) const { return d ^ ((r & 7) | (((d >> 5) & 3) << 3)); }
+    __device__ int operator()(int h, int d) const {
+        return d ^ (((d >> 5) & 1) | (((h >> 1) & 3) << 1));
+    }
 };
 
-// Q (f16), its group sums, then the warps' stages, which the final merge reuses for (o, m, l).
-#define AQ_QS (16 * AM_HD * 2) // offset of the group sums [16][4] (f32)
-#define AQ_ST (AQ_QS + 16 * 4 * 4) // offset of the stages
-#define AQ_NS 2 // K/V stages per warp (3: 2% slower at 128K)
-static __host__ __device__ constexpr size_t aq_smem() {
-    return (size_t)AQ_ST + ((size_t)AM_NW * AQ_NS * AQ_STAGE > (size_t)AM_NW * 16 * (AM_HD + 2) * 4
-                                ? (size_t)AM_NW * AQ_NS * AQ_STAGE
-                                : (size_t)AM_NW * 16 * (AM_HD + 2) * 4);
+// The warps' stages, which the final merge reuses for (o, m, l), then Q (f16, 8 HN heads).
+template <int HN> static __host__ __device__ constexpr size_t aq_smem() {
+    return ((size_t)AM_NW * AQ_NS * AQ_STAGE > (size_t)AM_NW * 16 * (AM_HD + 2) * 4
+                ? (size_t)AM_NW * AQ_NS * AQ_STAGE
+                : (size_t)AM_NW * 16 * (AM_HD + 2) * 4) +
+           (size_t)HN * 8 * AM_HD * 2;
 }
 
-__global__ void __launch_bounds__(AM_NW * 32)
+// HN head tiles of 8 (G <= 8 HN * heads per KV head).
+template <int HN>
+__global__ void __launch_bounds__(AM_NW * 32, 2)
     attn_split_q8_kernel(const __grid_constant__ struct attn_params p) {
     extern __shared__ __align__(16) unsigned char am_sm[];
-    __half *Qs = reinterpret_cast<__half *>(am_sm); // [16][AM_HD], dims in aq_kdim order
-    float *qsum = reinterpret_cast<float *>(am_sm + AQ_QS); // [16][4]: sum of a group's q (f16)
     const int G = p.n_heads / p.n_kv;
     const int kvh = blockIdx.x, sidx = blockIdx.y, tid = threadIdx.x, lane = tid & 31,
               warp = tid >> 5, c4 = lane & 3, g8 = lane >> 2;
-    unsigned char *kvw = am_sm + AQ_ST + (size_t)warp * AQ_NS * AQ_STAGE;
+    unsigned char *kvw = am_sm + (size_t)warp * AQ_NS * AQ_STAGE;
     TRACE_BEGIN();
     pdl_trigger();
     pdl_wait();
@@ -79,203 +81,299 @@ __global__ void __launch_bounds__(AM_NW * 32)
     if (!attn_slice(p, sidx, G, part, start, end)) return;
     const int ntiles = (end - start + AM_KT - 1) / AM_KT;
     const size_t row = (size_t)p.kv_row;
-    const unsigned char *kc = p.kc + (size_t)kvh * AM_HD, *vc = p.vc + (size_t)kvh * AM_HD;
-    const size_t soff = (size_t)p.n_kv * AM_HD + (size_t)kvh * 16; // the head's 4 group scales
+    // A tile's copies: lane copies chunk cc of rows 2 i + cb (i < 8) of K and V, and one 16-byte
+    // scale chunk (lanes < 16: K scales of key lane, else V scales of key lane - 16). Row 2 i + cb
+    // of either swizzle is the row-0/1 offset XOR (i & 3) << 5.
+    const int cb = lane >> 4, cc = lane & 15;
+    const int kdst = cb * AM_HD + ((cc ^ aq_kf(cb)) << 4),
+              vdst = AM_KT * AM_HD + cb * AM_HD + ((cc ^ aq_vf(cb)) << 4);
+    const unsigned char *kg = p.kc + (size_t)kvh * AM_HD + (size_t)cb * row + cc * 16,
+                        *vg = p.vc + (size_t)kvh * AM_HD + (size_t)cb * row + cc * 16,
+                        *sg = (lane < 16 ? p.kc : p.vc) + (size_t)p.n_kv * AM_HD +
+                              (size_t)kvh * 16 + (size_t)cc * row;
     // keys past the slice's end are zero-filled: code 0 with scale 0 reads as 0, never NaN
-    auto load_tile = [&](int stage, int j) {
-        unsigned char *ks = kvw + (size_t)stage * AQ_STAGE, *vs = ks + AM_KT * AM_HD,
-                      *sc = vs + AM_KT * AM_HD;
-        const int k0 = start + j * AM_KT;
+    auto load_tile = [&](unsigned char *st, int j) {
+        const int k0 = start + j * AM_KT, nk = end - k0;
+        const size_t o = (size_t)k0 * row;
+        if (nk >= AM_KT) { // all but a slice's last tile: no predicates
 #pragma unroll
-        for (int i = lane; i < AM_KT * (AM_HD / 16); i += 32) {
-            const int r = i >> 4, c = i & 15, key = k0 + r;
-            const bool ok = key < end;
-            const size_t off = (size_t)(ok ? key : start) * row + c * 16;
-            cp_async16(ks + aqswz(r, c), kc + off, ok);
-            cp_async16(vs + aqswz(r, c), vc + off, ok);
+            for (int i = 0; i < AM_KT / 2; i++) {
+                const size_t go = o + (size_t)(2 * i) * row;
+                cp_async16(st + 2 * i * AM_HD + (kdst ^ ((i & 3) << 5)), kg + go, true);
+                cp_async16(st + 2 * i * AM_HD + (vdst ^ ((i & 3) << 5)), vg + go, true);
+            }
+            cp_async16(st + 2 * AM_KT * AM_HD + lane * 16, sg + o, true);
+            return;
         }
-        const int key = k0 + (lane & 15);
-        const bool ok = key < end;
-        cp_async16(sc + lane * 16, (lane < 16 ? p.kc : p.vc) + (size_t)(ok ? key : start) * row + soff,
-                   ok);
+#pragma unroll
+        for (int i = 0; i < AM_KT / 2; i++) {
+            const bool ok = 2 * i + cb < nk;
+            const size_t go = ok ? o + (size_t)(2 * i) * row : 0;
+            cp_async16(st + 2 * i * AM_HD + (kdst ^ ((i & 3) << 5)), kg + go, ok);
+            cp_async16(st + 2 * i * AM_HD + (vdst ^ ((i & 3) << 5)), vg + go, ok);
+        }
+        const bool ok = cc < nk;
+        cp_async16(st + 2 * AM_KT * AM_HD + lane * 16, sg + (ok ? o : 0), ok);
     };
-    if (warp < ntiles) load_tile(0, warp);
-    cp_async_commit();
-    // Q rows g < G in f16 (rows past G zero), dims permuted as the K words arrive: 4 consecutive
-    // dims (one float4) are logical k 2c, 2c + 1, 2c + 8, 2c + 9 of one k-tile
 #pragma unroll
-    for (int i = tid; i < 16 * (AM_HD / 4); i += AM_NW * 32) {
-        const int r = i / (AM_HD / 4), d = (i % (AM_HD / 4)) * 4;
-        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < G) q = __ldcg(reinterpret_cast<const float4 *>(p.q_ws + ((size_t)kvh * G + r) * AM_HD + d));
-        const int kk = 4 * (d >> 6) + ((d >> 2) & 3), l = kk * 16 + 2 * ((d >> 4) & 3);
-        *reinterpret_cast<__half2 *>(Qs + amswz(r, l >> 3) + (l & 7)) = __floats2half2_rn(q.x, q.y);
-        *reinterpret_cast<__half2 *>(Qs + amswz(r, (l + 8) >> 3) + (l & 7)) =
-            __floats2half2_rn(q.z, q.w);
-    }
-    __syncthreads();
-    if (tid < 64) { // group g of a row is its logical k-tiles 4g .. 4g + 3: chunks 8g .. 8g + 7
-        const int r = tid >> 2, g = tid & 3;
-        float sum = 0.f;
-        for (int c = 8 * g; c < 8 * g + 8; c++) {
-            const uint4 u = *reinterpret_cast<const uint4 *>(Qs + amswz(r, c));
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[k]));
-                sum += f.x + f.y;
-            }
-        }
-        qsum[r * 4 + g] = sum;
-    }
-    __syncthreads();
-    float off[4][2]; // 9 x the group sums of rows g8, g8 + 8
-#pragma unroll
-    for (int g = 0; g < 4; g++) off[g][0] = 9.f * qsum[g8 * 4 + g], off[g][1] = 9.f * qsum[(g8 + 8) * 4 + g];
-
-    float o[AM_HD / 8][4];
-#pragma unroll
-    for (int i = 0; i < AM_HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    // scores in base 2; the 128 of the scales * 128 folded in
-    const float sl2 = rsqrtf((float)AM_HD) * 1.4426950408889634f * 128.f;
-    int it = 0;
-    for (int j = warp; j < ntiles; j += AM_NW, it++) {
-        if (j + AM_NW < ntiles) load_tile((it + 1) % AQ_NS, j + AM_NW);
+    for (int i = 0; i < AQ_NS - 1; i++) {
+        if (warp + i * AM_NW < ntiles) load_tile(kvw + i * AQ_STAGE, warp + i * AM_NW);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncwarp();
-        const unsigned char *ks = kvw + (size_t)(it % AQ_NS) * AQ_STAGE, *vs = ks + AM_KT * AM_HD,
-                            *sc = vs + AM_KT * AM_HD;
-        // Q K^T per group i (chunk 4 i + c4 of key rows g8, g8 + 8), then per score entry
-        // (row, key nt * 8 + 2 c4 + e): sum over groups of scale * (acc - 9 qsum)
-        float4 ksc[2][2];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                ksc[nt][e] = *reinterpret_cast<const float4 *>(sc + (nt * 8 + 2 * c4 + e) * 16);
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint4 k0 = *reinterpret_cast<const uint4 *>(ks + aqswz(g8, 4 * i + c4)),
-                        k1 = *reinterpret_cast<const uint4 *>(ks + aqswz(g8 + 8, 4 * i + c4));
-            const uint32_t w0[4] = {k0.x, k0.y, k0.z, k0.w}, w1[4] = {k1.x, k1.y, k1.z, k1.w};
-            float a[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const int kk = 4 * i + w;
-                uint32_t qa[4];
-                ldmatrix_x4(qa, Qs + amswz(lane & 15, kk * 2 + (lane >> 4)));
-                mma_f16(a[0], qa, aq_x(w0[w], AQ_LO), aq_x(w0[w], AQ_HI));
-                mma_f16(a[1], qa, aq_x(w1[w], AQ_LO), aq_x(w1[w], AQ_HI));
-            }
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const float4 f = ksc[nt][c & 1];
-                    const float scl = i == 0 ? f.x : i == 1 ? f.y : i == 2 ? f.z : f.w;
-                    s[nt][c] += (a[nt][c] - off[i][c >> 1]) * scl;
-                }
+    }
+
+    // Q as f16 in shared memory, [8 HN][AM_HD] (heads past G zero), chunks of 8 dims XOR-ed
+    // with bit 0 of the head. The B operand of k-tile kk = 4 g + w, head column g8 of head tile
+    // hn: logical k 2c4, 2c4 + 1 (b0) and 2c4 + 8, 2c4 + 9 (b1) are dims b .. b + 3, b = 64 g +
+    // 16 c4 + 4 w (as the K words arrive: chunk 4 g + c4 of a key row, word w); k-tiles 4 g + 2u,
+    // 4 g + 2u + 1 are the 16 bytes at qread[u] + g * 128.
+    unsigned char *qsm = am_sm + aq_smem<HN>() - (size_t)HN * 8 * AM_HD * 2;
+    for (int c = tid; c < HN * 8 * (AM_HD / 8); c += AM_NW * 32) {
+        const int h = c / (AM_HD / 8), k = c % (AM_HD / 8);
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f), y = x;
+        if (h < G) {
+            const float *q = p.q_ws + ((size_t)kvh * G + h) * AM_HD + 8 * k;
+            x = __ldcg(reinterpret_cast<const float4 *>(q));
+            y = __ldcg(reinterpret_cast<const float4 *>(q + 4));
         }
-        // keys past the slice end masked; online softmax per row (lane >> 2, + 8)
-        const int kb = start + j * AM_KT;
-        float mx[2] = {m[0], m[1]};
+        *reinterpret_cast<uint4 *>(qsm + h * 2 * AM_HD + ((k ^ (h & 1)) << 4)) =
+            make_uint4(aq_bits(__floats2half2_rn(x.x, x.y)), aq_bits(__floats2half2_rn(x.z, x.w)),
+                       aq_bits(__floats2half2_rn(y.x, y.y)), aq_bits(__floats2half2_rn(y.z, y.w)));
+    }
+    __syncthreads();
+    const int qread[2] = {g8 * 2 * AM_HD + (((2 * c4) ^ (g8 & 1)) << 4),
+                          g8 * 2 * AM_HD + (((2 * c4 + 1) ^ (g8 & 1)) << 4)};
+    // off: 9 x the group sums of the f16 q of this thread's two score columns (heads 2c4, 2c4 + 1)
+    float off[HN][4][2];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+    for (int hn = 0; hn < HN; hn++) {
+        float gs[4];
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int kl = nt * 8 + c4 * 2 + (c & 1);
-                const float x = kb + kl < end ? s[nt][c] * sl2 : -INFINITY;
-                s[nt][c] = x;
-                mx[c >> 1] = fmaxf(mx[c >> 1], x);
-            }
-        float alpha[2], rs[2] = {0.f, 0.f};
+        for (int g = 0; g < 4; g++) {
+            gs[g] = 0.f;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 2));
-            alpha[r] = exp2f(m[r] - mx[r]); // first tile: exp2(-inf) = 0
-            m[r] = mx[r];
-        }
-        uint32_t pa[4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            float pr[4];
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                pr[c] = exp2f(s[nt][c] - m[c >> 1]);
-                rs[c >> 1] += pr[c];
-            }
-            pa[nt * 2] = aq_bits(__floats2half2_rn(pr[0], pr[1]));
-            pa[nt * 2 + 1] = aq_bits(__floats2half2_rn(pr[2], pr[3]));
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + rs[r];
-        // once the maxima settle, no row of the warp moves: skip the 128 multiplies by 1
-        if (__any_sync(~0u, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int i = 0; i < AM_HD / 8; i++) {
-                o[i][0] *= alpha[0], o[i][1] *= alpha[0];
-                o[i][2] *= alpha[1], o[i][3] *= alpha[1];
-            }
-        }
-        // P V: this thread's B values are keys (2c, 2c + 1) and (2c + 8, 2c + 9) of one column;
-        // byte j of its chunk 8 hh + g8 of those rows is n-tile 16 hh + j, dim 128 hh + 16 g8 + j,
-        // in group 2 hh + g8 / 4
-        const float *vsc = reinterpret_cast<const float *>(sc + AM_KT * 16);
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int g = 2 * hh + (g8 >> 2);
-            const __half2 sa = __floats2half2_rn(vsc[(2 * c4) * 4 + g] * 128.f,
-                                                 vsc[(2 * c4 + 1) * 4 + g] * 128.f),
-                          sb = __floats2half2_rn(vsc[(2 * c4 + 8) * 4 + g] * 128.f,
-                                                 vsc[(2 * c4 + 9) * 4 + g] * 128.f);
-            const uint4 ra = *reinterpret_cast<const uint4 *>(vs + aqswz(2 * c4, 8 * hh + g8)),
-                        rb = *reinterpret_cast<const uint4 *>(vs + aqswz(2 * c4 + 1, 8 * hh + g8)),
-                        rc = *reinterpret_cast<const uint4 *>(vs + aqswz(2 * c4 + 8, 8 * hh + g8)),
-                        rd = *reinterpret_cast<const uint4 *>(vs + aqswz(2 * c4 + 9, 8 * hh + g8));
-            const uint32_t A[4] = {ra.x, ra.y, ra.z, ra.w}, B[4] = {rb.x, rb.y, rb.z, rb.w},
-                           C[4] = {rc.x, rc.y, rc.z, rc.w}, D[4] = {rd.x, rd.y, rd.z, rd.w};
-#pragma unroll
-            for (int wi = 0; wi < 4; wi++) {
-                // (A, B) and (C, D) bytes interleaved: pairs of one column, two keys
-                const uint32_t ab[2] = {__byte_perm(A[wi], B[wi], 0x5140),
-                                        __byte_perm(A[wi], B[wi], 0x7362)},
-                               cd[2] = {__byte_perm(C[wi], D[wi], 0x5140),
-                                        __byte_perm(C[wi], D[wi], 0x7362)};
+            for (int u = 0; u < 2; u++) {
+                const uint4 v =
+                    *reinterpret_cast<const uint4 *>(qsm + hn * 16 * AM_HD + qread[u] + g * 128);
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const uint32_t sel = e & 1 ? AQ_HI : AQ_LO;
-                    mma_f16(o[16 * hh + 4 * wi + e], pa, aq_val(ab[e >> 1], sel, sa),
-                            aq_val(cd[e >> 1], sel, sb));
+                    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[e]));
+                    gs[g] += f.x + f.y;
+                }
+            }
+            gs[g] += __shfl_xor_sync(~0u, gs[g], 1);
+            gs[g] += __shfl_xor_sync(~0u, gs[g], 2);
+        }
+#pragma unroll
+        for (int g = 0; g < 4; g++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                off[hn][g][e] = 9.f * __shfl_sync(~0u, gs[g], (2 * c4 + e) * 4);
+    }
+
+    // o: row tile (g, t) holds dims 64 g + 8 g8 + t (rows g8) and + 4 (rows g8 + 8) of heads
+    // 8 hn + 2 c4 + e; m, l per head column (l: this thread's keys, summed at the end). The V
+    // operand is x = 9 + q / 128, so o sums P x; vs: this thread's keys' sum of P per group, 9
+    // times which comes off at the end.
+    float o[4][4][HN][4], vs[HN][4][2];
+#pragma unroll
+    for (int g = 0; g < 4; g++)
+#pragma unroll
+        for (int hn = 0; hn < HN; hn++) {
+            vs[hn][g][0] = vs[hn][g][1] = 0.f;
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                o[g][t][hn][0] = o[g][t][hn][1] = o[g][t][hn][2] = o[g][t][hn][3] = 0.f;
+        }
+    float m[HN][2], l[HN][2];
+#pragma unroll
+    for (int hn = 0; hn < HN; hn++) m[hn][0] = m[hn][1] = -INFINITY, l[hn][0] = l[hn][1] = 0.f;
+    // scores in base 2; the 128 of the scales * 128 folded in
+    const float sl2 = rsqrtf((float)AM_HD) * 1.4426950408889634f * 128.f;
+    // K: chunk 4 i + c4 of rows g8 (and g8 + 8) at kread ^ (i << 6); V: the 8 bytes of group g
+    // this thread reads of rows 2c4 (+ 1, 8, 9) at vread ^ (g << 6)
+    const int kread = g8 * AM_HD + ((c4 ^ aq_kf(g8)) << 4),
+              vread = AM_KT * AM_HD + 2 * c4 * AM_HD + (((g8 >> 1) ^ aq_vf(2 * c4)) << 4) +
+                      8 * (g8 & 1);
+    auto step = [&](const unsigned char *st, unsigned char *next, int j) {
+        if (j + (AQ_NS - 1) * AM_NW < ntiles) load_tile(next, j + (AQ_NS - 1) * AM_NW);
+        cp_async_commit();
+        cp_async_wait<AQ_NS - 1>();
+        __syncwarp();
+        const float *sc = reinterpret_cast<const float *>(st + 2 * AM_KT * AM_HD);
+        // scores of keys g8, g8 + 8 (rows) and heads 2c4, 2c4 + 1 (columns): per group i, the
+        // accumulator minus 9 qsum, times the key's group scale
+        float s[HN][4];
+#pragma unroll
+        for (int hn = 0; hn < HN; hn++) s[hn][0] = s[hn][1] = s[hn][2] = s[hn][3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *kr = st + (kread ^ (i << 6));
+            const uint4 k0 = *reinterpret_cast<const uint4 *>(kr),
+                        k1 = *reinterpret_cast<const uint4 *>(kr + 8 * AM_HD);
+            const uint32_t w0[4] = {k0.x, k0.y, k0.z, k0.w}, w1[4] = {k1.x, k1.y, k1.z, k1.w};
+            float a[HN][4];
+            uint4 qv[HN][2];
+#pragma unroll
+            for (int hn = 0; hn < HN; hn++) {
+                a[hn][0] = a[hn][1] = a[hn][2] = a[hn][3] = 0.f;
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+                    qv[hn][u] = *reinterpret_cast<const uint4 *>(qsm + hn * 16 * AM_HD + qread[u] +
+                                                                 i * 128);
+            }
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const uint32_t ka[4] = {aq_x(w0[w], AQ_LO), aq_x(w1[w], AQ_LO), aq_x(w0[w], AQ_HI),
+                                        aq_x(w1[w], AQ_HI)};
+#pragma unroll
+                for (int hn = 0; hn < HN; hn++) {
+                    const uint4 &q = qv[hn][w >> 1];
+                    mma_f16(a[hn], ka, w & 1 ? q.z : q.x, w & 1 ? q.w : q.y);
+                }
+            }
+            const float sc0 = sc[4 * g8 + i], sc1 = sc[4 * (g8 + 8) + i];
+#pragma unroll
+            for (int hn = 0; hn < HN; hn++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    s[hn][c] += (a[hn][c] - off[hn][i][c & 1]) * (c < 2 ? sc0 : sc1);
+        }
+        // keys past the slice end masked; online softmax per head column (max over the 8 lanes
+        // of a column: lane bits 2-4)
+        const int kb = start + j * AM_KT;
+        const bool v0 = kb + g8 < end, v1 = kb + g8 + 8 < end;
+        bool moved = false;
+        float alpha[HN][2];
+#pragma unroll
+        for (int hn = 0; hn < HN; hn++) {
+            float mx[2] = {m[hn][0], m[hn][1]};
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float x = (c < 2 ? v0 : v1) ? s[hn][c] * sl2 : -INFINITY;
+                s[hn][c] = x;
+                mx[c & 1] = fmaxf(mx[c & 1], x);
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 4));
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 8));
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 16));
+                alpha[hn][e] = exp2f(m[hn][e] - mx[e]); // first tile: exp2(-inf) = 0
+                m[hn][e] = mx[e];
+                moved |= alpha[hn][e] != 1.f;
+            }
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[hn][c] = exp2f(s[hn][c] - m[hn][c & 1]);
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                l[hn][e] = l[hn][e] * alpha[hn][e] + (s[hn][e] + s[hn][e + 2]);
+        }
+        // once the maxima settle, no column of the warp moves: skip the multiplies by 1
+        if (__any_sync(~0u, moved)) {
+#pragma unroll
+            for (int g = 0; g < 4; g++)
+#pragma unroll
+                for (int hn = 0; hn < HN; hn++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+#pragma unroll
+                        for (int t = 0; t < 4; t++) o[g][t][hn][c] *= alpha[hn][c & 1];
+                        if (c < 2) vs[hn][g][c] *= alpha[hn][c];
+                    }
+        }
+        const float *vsc = sc + 4 * AM_KT;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            // P^T of group g (value scales * 128 folded in, rounded once to f16) as the B fragments
+            // of keys 2c4.. / 2c4 + 8.. and head g8
+            const float t0 = vsc[4 * g8 + g] * 128.f, t1 = vsc[4 * (g8 + 8) + g] * 128.f;
+            uint32_t pb[HN][2];
+#pragma unroll
+            for (int hn = 0; hn < HN; hn++) {
+                const __half2 h0 = __floats2half2_rn(s[hn][0] * t0, s[hn][1] * t0),
+                              h1 = __floats2half2_rn(s[hn][2] * t1, s[hn][3] * t1);
+                const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
+                vs[hn][g][0] += f0.x + f1.x, vs[hn][g][1] += f0.y + f1.y;
+                pb[hn][0] = movmatrix_trans(aq_bits(h0)), pb[hn][1] = movmatrix_trans(aq_bits(h1));
+            }
+            // O^T += V^T P^T: this thread's A values are keys (2c4, 2c4 + 1) and (2c4 + 8, 2c4 + 9)
+            // of dims 64 g + 8 g8 + 0 .. 7 (8 bytes of each key row)
+            const unsigned char *vr = st + (vread ^ (g << 6));
+            const uint2 ra = *reinterpret_cast<const uint2 *>(vr),
+                        rb = *reinterpret_cast<const uint2 *>(vr + AM_HD),
+                        rc = *reinterpret_cast<const uint2 *>(vr + 8 * AM_HD),
+                        rd = *reinterpret_cast<const uint2 *>(vr + 9 * AM_HD);
+            // (A, B) and (C, D) bytes interleaved: for dims 4 wi + 0, 1 (lo) and 2, 3 (hi), pairs
+            // of two keys
+            const uint32_t ab[2][2] = {{__byte_perm(ra.x, rb.x, 0x5140),
+                                        __byte_perm(ra.x, rb.x, 0x7362)},
+                                       {__byte_perm(ra.y, rb.y, 0x5140),
+                                        __byte_perm(ra.y, rb.y, 0x7362)}},
+                           cd[2][2] = {
+                               {__byte_perm(rc.x, rd.x, 0x5140), __byte_perm(rc.x, rd.x, 0x7362)},
+                               {__byte_perm(rc.y, rd.y, 0x5140), __byte_perm(rc.y, rd.y, 0x7362)}};
+#pragma unroll
+            for (int t = 0; t < 4; t++) { // dim t (rows g8) and 4 + t (rows g8 + 8)
+                const uint32_t sel = t & 1 ? AQ_HI : AQ_LO;
+                const uint32_t va[4] = {aq_x(ab[0][t >> 1], sel), aq_x(ab[1][t >> 1], sel),
+                                        aq_x(cd[0][t >> 1], sel), aq_x(cd[1][t >> 1], sel)};
+#pragma unroll
+                for (int hn = 0; hn < HN; hn++) mma_f16(o[g][t][hn], va, pb[hn][0], pb[hn][1]);
+            }
+        }
+        __syncwarp(); // the next step refills this stage
+    };
+    // the stages in turn, unrolled so that each one's offsets are constants
+    for (int j0 = warp; j0 < ntiles; j0 += AQ_NS * AM_NW) {
+#pragma unroll
+        for (int i = 0; i < AQ_NS; i++) {
+            if (j0 + i * AM_NW >= ntiles) break;
+            step(kvw + i * AQ_STAGE, kvw + (i + AQ_NS - 1) % AQ_NS * AQ_STAGE, j0 + i * AM_NW);
+        }
+    }
+#pragma unroll
+    for (int hn = 0; hn < HN; hn++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 4);
+            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 8);
+            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 16);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                float v = vs[hn][g][e];
+                v += __shfl_xor_sync(~0u, v, 4);
+                v += __shfl_xor_sync(~0u, v, 8);
+                v += __shfl_xor_sync(~0u, v, 16);
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    o[g][t][hn][e] -= 9.f * v;
+                    o[g][t][hn][2 + e] -= 9.f * v;
                 }
             }
         }
-        __syncwarp(); // this stage is refilled AQ_NS tiles later
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(~0u, l[r], 1);
-        l[r] += __shfl_xor_sync(~0u, l[r], 2);
-    }
-    // merge the warps: (m, l, o) of each into shared memory (reusing the stages), dims restored
+    // merge the warps: (m, l, o) of each into shared memory (reusing the stages)
     cp_async_wait<0>();
     __syncthreads();
-    float *wo = reinterpret_cast<float *>(am_sm + AQ_QS); // [AM_NW][16][AM_HD], aq_cols order
+    float *wo = reinterpret_cast<float *>(am_sm); // [AM_NW][16][AM_HD], aq_cols order
     float *wm = wo + AM_NW * 16 * AM_HD, *wl = wm + AM_NW * 16;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int rw = g8 + r * 8;
-        if (c4 == 0) wm[warp * 16 + rw] = m[r], wl[warp * 16 + rw] = l[r];
+    for (int hn = 0; hn < HN; hn++)
 #pragma unroll
-        for (int nt = 0; nt < AM_HD / 8; nt++)
+        for (int e = 0; e < 2; e++) {
+            const int h = 8 * hn + 2 * c4 + e;
+            if (g8 == 0) wm[warp * 16 + h] = m[hn][e], wl[warp * 16 + h] = l[hn][e];
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-                wo[((size_t)warp * 16 + rw) * AM_HD +
-                   aq_cols()(rw, 128 * (nt >> 4) + 16 * (2 * c4 + e) + (nt & 15))] = o[nt][r * 2 + e];
-    }
+            for (int g = 0; g < 4; g++)
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int d = 64 * g + 8 * g8 + 4 * r + t;
+                        wo[((size_t)warp * 16 + h) * AM_HD + aq_cols()(h, d)] =
+                            o[g][t][hn][2 * r + e];
+                    }
+        }
     __syncthreads();
     am_merge(wo, wm, wl, G, part, aq_cols());
 }
@@ -285,24 +383,32 @@ bool attn_int8_ok(int hd, int n_heads, int n_kv) {
 }
 
 // One slice per resident block (a single wave), as the bf16 tensor-core path.
+template <int HN>
+static int q8_launch(struct attn_params *q, int sms, cudaStream_t s, struct wren_err *e) {
+    constexpr size_t smem = aq_smem<HN>();
+    static int per_sm = 0; // resident blocks per SM (one kernel shape: asked once)
+    if (!per_sm) {
+        CUDA_CHECK(cudaFuncSetAttribute(attn_split_q8_kernel<HN>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_q8_kernel<HN>,
+                                                                 AM_NW * 32, smem));
+        if (per_sm < 1) per_sm = 1;
+    }
+    const int sp = per_sm * sms / q->n_kv;
+    if (sp >= 1 && sp < q->splits) q->splits = sp;
+    CUDA_CHECK(pdl_launch(attn_split_q8_kernel<HN>, dim3(q->n_kv, q->splits), dim3(AM_NW * 32),
+                          smem, s, decode_pdl(), *q));
+    return 0;
+}
 int attn_split_q8_launch(struct attn_params *q, int sms, size_t smem_optin, cudaStream_t s,
                          struct wren_err *e) {
     if (!attn_int8_ok(q->hd, q->n_heads, q->n_kv))
         return wren_errf(e, "attention: int8 KV cache with head_dim %d, %d / %d heads", q->hd,
                          q->n_heads, q->n_kv);
-    constexpr size_t smem = aq_smem();
-    void (*kern)(struct attn_params) = attn_split_q8_kernel;
+    const bool two = q->n_heads / q->n_kv > 8;
+    const size_t smem = two ? aq_smem<2>() : aq_smem<1>();
     if (smem > smem_optin)
         return wren_errf(e, "attention: %zu bytes of shared memory needed, %zu available", smem,
                          smem_optin);
-    static int per_sm = 0; // resident blocks per SM (one kernel shape: asked once)
-    if (!per_sm) {
-        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, AM_NW * 32, smem));
-        if (per_sm < 1) per_sm = 1;
-    }
-    const int sp = per_sm * sms / q->n_kv;
-    if (sp >= 1 && sp < q->splits) q->splits = sp;
-    CUDA_CHECK(pdl_launch(kern, dim3(q->n_kv, q->splits), dim3(AM_NW * 32), smem, s, decode_pdl(), *q));
-    return 0;
+    return two ? q8_launch<2>(q, sms, s, e) : q8_launch<1>(q, sms, s, e);
 }

@@ -1,5 +1,5 @@
 // Tensor-core and async-copy building blocks (sm_80+) shared by the prefill GEMM and flash
-// attention: cp.async 16-byte copies, ldmatrix, and the bf16 / f16 m16n8k16 mma with f32
+// attention: cp.async 16-byte copies, ldmatrix, movmatrix, and the bf16 / f16 m16n8k16 mma with f32
 // accumulation.
 #pragma once
 #include <stdint.h>
@@ -29,6 +29,13 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const vo
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
+}
+// The transpose of an 8 x 8 b16 matrix held in the mma fragment layout (thread 4 r + c: row r,
+// columns 2c, 2c + 1), in the same layout.
+static __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
 }
 // c += a * b for one m16n8k16 tile: a row-major bf16 fragment, b column-major.
 static __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
