@@ -56,8 +56,8 @@ struct backend_ops {
 struct backend {
     const struct backend_ops *ops;
     const struct model *model;
-    int max_chunk;       // largest n forward accepts
-    size_t device_bytes; // memory the backend holds for weights (0 for the CPU's mmap)
+    int max_chunk;        // largest n forward accepts
+    size_t device_bytes;  // memory the backend holds for weights (0 for the CPU's mmap)
     double kv_elem_bytes; // bytes per cached K/V element, scales included (f32 4, bf16 2, int8 ~1)
 };
 

@@ -10,10 +10,10 @@
 #pragma once
 #include <math.h>
 
-#define KV_INT8_GROUP 64    // head_dim must be a multiple
+#define KV_INT8_GROUP 64 // head_dim must be a multiple
 #define KV_INT8_MAX   127.0f
-#define KV_INT8_TINY  1e-30f // groups whose amax is not above this are cached as zeros (127 / amax
-                             // would overflow)
+// Groups whose amax is not above this are cached as zeros (127 / amax would overflow).
+#define KV_INT8_TINY 1e-30f
 
 static inline float kv_int8_amax(const float *x, int n) {
     float amax = 0.f;
@@ -24,8 +24,7 @@ static inline float kv_int8_amax(const float *x, int n) {
 static inline float kv_int8_group(const float *x, unsigned char *code) {
     const float amax = kv_int8_amax(x, KV_INT8_GROUP),
                 inv = amax > KV_INT8_TINY ? KV_INT8_MAX / amax : 0.f;
-    for (int i = 0; i < KV_INT8_GROUP; i++)
-        code[i] = (unsigned char)((int)rintf(x[i] * inv) + 128);
+    for (int i = 0; i < KV_INT8_GROUP; i++) code[i] = (unsigned char)((int)rintf(x[i] * inv) + 128);
     return amax > KV_INT8_TINY ? amax / KV_INT8_MAX : 0.f;
 }
 // Quantizes the row x[0, n) (n a multiple of KV_INT8_GROUP) and overwrites it with the values read

@@ -17,8 +17,9 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 
 // Options every model-running command accepts: -m DIR, --backend, --threads, --prefill-chunk,
-// --device, --ctx, --kv-cache. opt_engine() consumes one such option at argv[*i] (advancing *i past its value)
-// and returns 1, returns 0 if argv[*i] is not one of them, or -1 after printing an error.
+// --device, --ctx, --kv-cache. opt_engine() consumes one such option at argv[*i] (advancing *i past
+// its value) and returns 1, returns 0 if argv[*i] is not one of them, or -1 after printing an
+// error.
 int opt_engine(struct wren_engine_opts *o, int argc, char **argv, int *i);
 #define OPT_ENGINE_HELP                                                                            \
     "  -m, --model DIR          checkpoint directory (config.json + safetensors)\n"                \
@@ -26,8 +27,9 @@ int opt_engine(struct wren_engine_opts *o, int argc, char **argv, int *i);
     "  --threads N              CPU threads (default: all cores)\n"                                \
     "  --prefill-chunk N        tokens per prefill chunk (default: backend's)\n"                   \
     "  --device N               GPU index (default 0)\n"                                           \
-    "  --ctx N                  context length of a session (default: min(model max, 32768))\n"  \
-    "  --kv-cache default|int8  K/V cache precision: the backend's (CPU f32, CUDA bf16), or int8\n" \
+    "  --ctx N                  context length of a session (default: min(model max, 32768))\n"    \
+    "  --kv-cache default|int8  K/V cache precision: the backend's (CPU f32, CUDA bf16), or "      \
+    "int8\n"                                                                                       \
     "                           codes and a scale per 64 values (about half the CUDA bytes)\n"
 
 // Value of the option at argv[*i] ("--name V" or "--name=V"); NULL (with an error printed) if

@@ -50,8 +50,7 @@ static void t_dn(int kh, int vh, int dk, int dv, int steps, bool fused, int conv
         p.k_heads = kh, p.v_heads = vh, p.dk = dk, p.dv = dv, p.eps = 1e-6f;
         p.norm_w = fused ? dnw : nullptr;
         p.conv_w = nullptr, p.conv_state = nullptr, p.conv_tick = nullptr, p.conv_k = 0;
-        if (conv_k > 0)
-            p.conv_w = dcw, p.conv_state = dcst, p.conv_tick = dtick, p.conv_k = conv_k;
+        if (conv_k > 0) p.conv_w = dcw, p.conv_state = dcst, p.conv_tick = dtick, p.conv_k = conv_k;
         if (t == 0 && fused)
             check_true("deltanet block-per-head kernel offered", deltanet_head_ok(&p));
         if (t == 0 && conv_k > 0)
@@ -152,14 +151,13 @@ int main(void) {
     }
     // the causal conv in the per-head kernel (d_k 128: 2 d_k + d_v channels within 4 d_v threads)
     t_dn(16, 32, 128, 128, 40, true, 4);
-    t_dn(1, 3, 128, 96, 30, true, 3); // three value heads take tickets on one key head
+    t_dn(1, 3, 128, 96, 30, true, 3);  // three value heads take tickets on one key head
     t_dn(2, 2, 128, 128, 10, true, 1); // no state
-    check_true("deltanet conv not offered where the channels outnumber the threads",
-               [] {
-                   struct deltanet_params p;
-                   memset(&p, 0, sizeof p);
-                   p.k_heads = 2, p.v_heads = 4, p.dk = 64, p.dv = 64;
-                   return !deltanet_conv_ok(&p, 4) && deltanet_head_ok(&p);
-               }());
+    check_true("deltanet conv not offered where the channels outnumber the threads", [] {
+        struct deltanet_params p;
+        memset(&p, 0, sizeof p);
+        p.k_heads = 2, p.v_heads = 4, p.dk = 64, p.dv = 64;
+        return !deltanet_conv_ok(&p, 4) && deltanet_head_ok(&p);
+    }());
     return finish("check_decode_deltanet");
 }

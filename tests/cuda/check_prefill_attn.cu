@@ -157,8 +157,8 @@ static void check(const at_case &c, bool int8) {
     snprintf(what, sizeof what, "attn%s T=%d pos=%d heads %d:%d rope %d smem %zuK: output",
              int8 ? " int8" : "", T, pos, c.nh, c.nkv, c.rope_dim, g_smem / 1024);
     report(what, rel_l2(out.data(), ref.data(), out.size()), 1.5e-2);
-    snprintf(what, sizeof what, "attn%s T=%d pos=%d: K cache rows", int8 ? " int8 (dequantized)" : "",
-             T, pos);
+    snprintf(what, sizeof what, "attn%s T=%d pos=%d: K cache rows",
+             int8 ? " int8 (dequantized)" : "", T, pos);
     report(what, rel_l2(kg.data(), K.data(), kg.size()), 8e-3);
     CK(cudaFree(dq));
     CK(cudaFree(dk));

@@ -352,10 +352,10 @@ void make_gpu(gpu_model &g, const hmodel &m, int max_ctx) {
     g.st.conv = new float *[g.st.n_dn];
     g.st.ssm = new float *[g.st.n_dn];
     for (int i = 0; i < g.st.n_attn; i++) {
-        g.st.k_cache[i] = (unsigned char *)dev_poison<uint16_t>((size_t)max_ctx * c.n_kv_heads *
-                                                                c.head_dim);
-        g.st.v_cache[i] = (unsigned char *)dev_poison<uint16_t>((size_t)max_ctx * c.n_kv_heads *
-                                                                c.head_dim);
+        g.st.k_cache[i] =
+            (unsigned char *)dev_poison<uint16_t>((size_t)max_ctx * c.n_kv_heads * c.head_dim);
+        g.st.v_cache[i] =
+            (unsigned char *)dev_poison<uint16_t>((size_t)max_ctx * c.n_kv_heads * c.head_dim);
     }
     for (int i = 0; i < g.st.n_dn; i++) {
         g.st.conv[i] = dev_poison<float>((size_t)cfg_dn_conv_dim(&c) * (c.conv_kernel - 1));

@@ -7,7 +7,7 @@
 struct cpu_backend {
     struct backend base;
     struct threadpool *tp;
-    int *slot; // [n_layers]: index among layers of the same kind (KV cache / DeltaNet state)
+    int *slot;    // [n_layers]: index among layers of the same kind (KV cache / DeltaNet state)
     bool kv_int8; // cached K/V rows rounded through int8 (backend/kv_int8.h), stored as f32
 };
 

@@ -43,16 +43,16 @@ struct dmodel {
 };
 
 // Per-sequence state. Attention layer j (j-th full-attention layer) keeps K and V as bf16
-// [max_ctx][n_kv_heads][head_dim] (or int8 rows, kv_int8.cuh); DeltaNet layer j keeps conv state f32 [conv_dim][kernel-1]
-// (oldest first) and the recurrent state S f32 [v_heads][d_k][d_v].
+// [max_ctx][n_kv_heads][head_dim] (or int8 rows, kv_int8.cuh); DeltaNet layer j keeps conv state
+// f32 [conv_dim][kernel-1] (oldest first) and the recurrent state S f32 [v_heads][d_k][d_v].
 struct cuda_state {
     int max_ctx;
     int n_attn, n_dn;
     unsigned char **k_cache, **v_cache; // [n_attn] device pointers, rows of kv_row bytes
     bool kv_int8;                       // rows of int8 codes + scales (kv_int8.cuh), else bf16
     size_t kv_row;                      // bytes per cache row (one token, every KV head)
-    float **conv, **ssm;           // [n_dn] device pointers
-    float *logits;                 // [vocab] logits of the last position forwarded
+    float **conv, **ssm;                // [n_dn] device pointers
+    float *logits;                      // [vocab] logits of the last position forwarded
 };
 
 // The backend's device-side context, shared by the decode and prefill files.

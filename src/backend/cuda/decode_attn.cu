@@ -87,7 +87,8 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     const int g = d / KV_INT8_GROUP;
     ka = va = 0.f;
 #pragma unroll
-    for (int w = 0; w < WPG; w++) ka = fmaxf(ka, red[g * WPG + w]), va = fmaxf(va, vmax[g * WPG + w]);
+    for (int w = 0; w < WPG; w++)
+        ka = fmaxf(ka, red[g * WPG + w]), va = fmaxf(va, vmax[g * WPG + w]);
     kr[(size_t)h * hd + d] = kv_int8_code(y, kv_int8_inv(ka));
     vr[(size_t)h * hd + d] = kv_int8_code(v, kv_int8_inv(va));
     if (d % KV_INT8_GROUP == 0) {

@@ -90,7 +90,8 @@ __global__ void attn_prep_kernel(const attn_dims d, const float *q, const float 
     const int ng = hd / KV_INT8_GROUP, lane = threadIdx.x & 31;
     for (int g = threadIdx.x >> 5; g < ng; g += blockDim.x >> 5) {
         float a = 0.f;
-        for (int i = lane; i < KV_INT8_GROUP; i += 32) a = fmaxf(a, fabsf(xs[g * KV_INT8_GROUP + i]));
+        for (int i = lane; i < KV_INT8_GROUP; i += 32)
+            a = fmaxf(a, fabsf(xs[g * KV_INT8_GROUP + i]));
         for (int o = 16; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(~0u, a, o));
         if (lane == 0) red[g] = a;
     }
@@ -121,7 +122,8 @@ __global__ void kv_dequant_kernel(const attn_dims d, int rows, const unsigned ch
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const uint32_t x = w[k >> 1] >> (16 * (k & 1));
-        out[k] = pack_bf16((float)((int)(x & 0xFF) - 128) * sc, (float)((int)((x >> 8) & 0xFF) - 128) * sc);
+        out[k] = pack_bf16((float)((int)(x & 0xFF) - 128) * sc,
+                           (float)((int)((x >> 8) & 0xFF) - 128) * sc);
     }
     bf16 *dst = (blockIdx.y ? vd : kd) + ((r * d.nkv + h) * d.hd + c * 8);
     *reinterpret_cast<uint4 *>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
@@ -304,8 +306,8 @@ int launch(cudaStream_t s, const struct attn_dims *d, const bf16 *qb, const uint
 } // namespace
 
 int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
-                 const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
-                 void *k_cache, void *v_cache, struct wren_err *e) {
+                 const float *v, const float *q_norm, const float *k_norm, bf16 *qb, void *k_cache,
+                 void *v_cache, struct wren_err *e) {
     if (d->rope_dim % 2 || d->rope_dim > d->hd)
         return wren_errf(e, "attention: rope dim %d not supported", d->rope_dim);
     dim3 grid(d->T, d->nh + 2 * d->nkv);

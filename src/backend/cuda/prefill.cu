@@ -71,6 +71,7 @@ struct prefill_ws {
 namespace {
 
 void ws_free(struct prefill_ws *w) {
+    // clang-format off
     void *bufs[] = {w->tokens,    w->x,          w->xn,         w->qkv,
                     w->qkvc,      w->ba,         w->o,          w->z,
                     w->y,         w->q,          w->k,          w->v,
@@ -79,6 +80,7 @@ void ws_free(struct prefill_ws *w) {
                     w->lg,        w->split,      w->rb.topk_id, w->rb.topk_w,  w->kvd,
                     w->rb.counts, w->rb.offsets, w->rb.cursor,  w->rb.sorted_tok,
                     w->rb.slot,   w->rb.tiles,   w->rb.n_tiles};
+    // clang-format on
     for (void *b : bufs)
         if (b) cudaFree(b); // release only: nothing to report, at worst a leak
     memset(w, 0, offsetof(struct prefill_ws, prof)); // the profile fields survive a regrow
@@ -192,9 +194,10 @@ int run_attention(runner &r, const struct cuda_state *st, const struct dlayer *L
         pf_gemm(s, w->xn, c->hidden, T, &L->k_proj, nullptr, w->k, kvd, EPI_F32, nullptr, e) ||
         pf_gemm(s, w->xn, c->hidden, T, &L->v_proj, nullptr, w->v, kvd, EPI_F32, nullptr, e))
         return -1;
-    const struct attn_dims d = {T,          pos,          c->n_heads,   c->n_kv_heads,
-                                c->head_dim, c->rope_dim, c->rope_theta, c->rms_eps,
-                                c->attn_output_gate, st->kv_int8, (int)st->kv_row};
+    struct attn_dims d;
+    d.T = T, d.pos = pos, d.nh = c->n_heads, d.nkv = c->n_kv_heads, d.hd = c->head_dim;
+    d.rope_dim = c->rope_dim, d.theta = c->rope_theta, d.eps = c->rms_eps;
+    d.gate = c->attn_output_gate, d.kv_int8 = st->kv_int8, d.kv_row = (int)st->kv_row;
     r.phase(PF_ATTN);
     if (pf_attn_prep(s, &d, w->q, w->k, w->v, L->q_norm, L->k_norm, w->qb, kc, vc, e)) return -1;
     const uint16_t *kr = reinterpret_cast<const uint16_t *>(kc),

@@ -174,8 +174,8 @@ struct attn_dims {
 // [nh][T][hd] in qb, K/V written to the caches (bf16 [ctx][nkv][hd], or int8 rows) at rows
 // [pos, pos+T).
 int pf_attn_prep(cudaStream_t s, const struct attn_dims *d, const float *q, const float *k,
-                 const float *v, const float *q_norm, const float *k_norm, bf16 *qb,
-                 void *k_cache, void *v_cache, struct wren_err *e);
+                 const float *v, const float *q_norm, const float *k_norm, bf16 *qb, void *k_cache,
+                 void *v_cache, struct wren_err *e);
 // Rows [0, rows) of int8 caches as the values they stand for, bf16 [rows][nkv][hd] in kd / vd
 // (what pf_flash_attn then reads: prefill attends to the same values as decode).
 int pf_kv_dequant(cudaStream_t s, const struct attn_dims *d, int rows, const void *k_cache,
