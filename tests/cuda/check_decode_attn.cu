@@ -218,7 +218,21 @@ int main(void) {
         {4, 2, 256, 64, 1, 129, S, 2, 1},
         {10, 5, 256, 64, 1, 300, attn_splits(5), 2, 1},
         {16, 1, 256, 64, 1, 2000, attn_splits(1), 1, 1},
+        // bf16 tensor-core path with 16 heads per KV head (two head tiles)
+        {32, 2, 256, 64, 1, 1500, S, 2},
     };
     for (auto &c : cs) t_attn(c);
+    // a consumer card's shared memory (99 KiB per block): one K/V stage per warp in the bf16
+    // tensor-core kernel
+    cudaDeviceProp dp;
+    CK(cudaGetDeviceProperties(&dp, 0));
+    attn_set_device(dp.multiProcessorCount, 99 * 1024);
+    struct acase small[] = {
+        {16, 2, 256, 64, 1, 4095, S, 2},
+        {32, 2, 256, 64, 1, 1500, S, 1},
+        {16, 2, 256, 64, 1, 3000, S, 1, 1},
+    };
+    for (auto &c : small) t_attn(c);
+    attn_set_device(dp.multiProcessorCount, dp.sharedMemPerBlockOptin);
     return finish("check_decode_attn");
 }
