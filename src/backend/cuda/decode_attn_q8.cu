@@ -7,7 +7,8 @@
 //   S^T = K Q^T: one accumulator per 64-dim group g sums x . q; minus 9 times the group's sum of q
 //   (per head, computed once) it is q_codes . q / 128, which the key's group scale (times 128)
 //   turns into the score: the K bytes go into the mma as they are. Q^T is read from shared
-//   memory per tile (in registers it cost the third block per SM its spill-free budget).
+//   memory per tile (8 LDS.128; held in 32 more registers it was measured only in a version
+//   capped for three blocks per SM, where it spilled).
 //   O^T = V^T P^T: the 16 dims of a row tile lie in one group, so the value scales go into P (per
 //   key and group: p * scale * 128 rounded once to f16) and the V bytes go in as x, too: 9 times
 //   the sum of the f16 P of the group comes off at the end. P comes out of the scores as S^T and
