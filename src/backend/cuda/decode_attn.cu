@@ -388,37 +388,15 @@ __global__ void __launch_bounds__(AM_NW * 32)
                 }
             }
         }
-        // keys past the slice end masked; online softmax per head column (lanes with one c4)
+        // keys past the slice end masked; P^T as the B fragments (keys 2c4.. / 2c4 + 8.., head g8)
         const int kb = start + j * AM_KT;
-        const bool v0 = kb + g8 < end, v1 = kb + g8 + 8 < end;
-        bool moved = false;
         float alpha[HN][2];
+        const bool moved = am_softmax<HN>(s, m, l, alpha, kb + g8 < end, kb + g8 + 8 < end, sl2);
         uint32_t pb[HN][2];
 #pragma unroll
         for (int hn = 0; hn < HN; hn++) {
-            float mx[2] = {m[hn][0], m[hn][1]};
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float x = (c < 2 ? v0 : v1) ? s[hn][c] * sl2 : -INFINITY;
-                s[hn][c] = x;
-                mx[c & 1] = fmaxf(mx[c & 1], x);
-            }
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 4));
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 8));
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 16));
-                alpha[hn][e] = exp2f(m[hn][e] - mx[e]); // first tile: exp2(-inf) = 0
-                m[hn][e] = mx[e];
-                moved |= alpha[hn][e] != 1.f;
-            }
-            float pr[4];
-#pragma unroll
-            for (int c = 0; c < 4; c++) pr[c] = exp2f(s[hn][c] - m[hn][c & 1]);
-#pragma unroll
-            for (int e = 0; e < 2; e++) l[hn][e] = l[hn][e] * alpha[hn][e] + (pr[e] + pr[e + 2]);
-            __nv_bfloat162 x0 = __floats2bfloat162_rn(pr[0], pr[1]),
-                           x1 = __floats2bfloat162_rn(pr[2], pr[3]);
+            __nv_bfloat162 x0 = __floats2bfloat162_rn(s[hn][0], s[hn][1]),
+                           x1 = __floats2bfloat162_rn(s[hn][2], s[hn][3]);
             pb[hn][0] = movmatrix_trans(*reinterpret_cast<uint32_t *>(&x0));
             pb[hn][1] = movmatrix_trans(*reinterpret_cast<uint32_t *>(&x1));
         }
@@ -451,11 +429,7 @@ __global__ void __launch_bounds__(AM_NW * 32)
 #pragma unroll
     for (int hn = 0; hn < HN; hn++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 4);
-            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 8);
-            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 16);
-        }
+        for (int e = 0; e < 2; e++) l[hn][e] = am_colsum(l[hn][e]);
     // merge the warps: (m, l, o) of each into shared memory (reusing the K/V stages)
     cp_async_wait<0>();
     __syncthreads();

@@ -28,8 +28,10 @@ static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, i
     return false;
 }
 
-// The tensor-core kernels: 16-row tiles (the G query heads of a KV head, rows past G zero) over a
-// head_dim of 256; each warp of a block streams its own tiles of AM_KT keys.
+// The tensor-core kernels (decode_attn.cu: bf16 cache; decode_attn_q8.cu: int8) over a head_dim
+// of 256: S^T = K Q^T and O^T = V^T P^T with the keys (the dims) as the 16 rows of an m16n8k16 tile
+// and the 8 query heads of a head tile as its columns (heads past G zero); each warp of a block
+// streams its own tiles of AM_KT keys.
 #define AM_HD 256
 #define AM_KT 16 // keys per warp tile
 #define AM_NW 4  // warps per block
@@ -38,15 +40,54 @@ static __device__ __forceinline__ int amswz(int r, int c) { // chunk c (8 bf16) 
     return r * AM_HD + ((c ^ (r & 7)) << 3);
 }
 
+// A head column's sum over its 8 lanes (lane bits 2-4: the rows g8 of the tile).
+static __device__ __forceinline__ float am_colsum(float x) {
+    x += __shfl_xor_sync(~0u, x, 4);
+    x += __shfl_xor_sync(~0u, x, 8);
+    return x + __shfl_xor_sync(~0u, x, 16);
+}
+
+// The online softmax (base 2) of one tile's scores: s[hn][c] is key g8 (c < 2) or g8 + 8 (c >= 2)
+// and head 2c4 + (c & 1) of head tile hn, unscaled; v0, v1: whether those keys lie in the slice;
+// m, l: the thread's columns' running max and its keys' denominator. Leaves the probabilities in s
+// and the factor for the running output in alpha; returns whether any factor is not 1.
+template <int HN>
+static __device__ __forceinline__ bool am_softmax(float (&s)[HN][4], float (&m)[HN][2],
+                                                  float (&l)[HN][2], float (&alpha)[HN][2], bool v0,
+                                                  bool v1, float sl2) {
+    bool moved = false;
+#pragma unroll
+    for (int hn = 0; hn < HN; hn++) {
+        float mx[2] = {m[hn][0], m[hn][1]};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float x = (c < 2 ? v0 : v1) ? s[hn][c] * sl2 : -INFINITY;
+            s[hn][c] = x;
+            mx[c & 1] = fmaxf(mx[c & 1], x);
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 4));
+            mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 8));
+            mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 16));
+            alpha[hn][e] = exp2f(m[hn][e] - mx[e]); // first tile: exp2(-inf) = 0
+            m[hn][e] = mx[e];
+            moved |= alpha[hn][e] != 1.f;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[hn][c] = exp2f(s[hn][c] - m[hn][c & 1]);
+#pragma unroll
+        for (int e = 0; e < 2; e++) l[hn][e] = l[hn][e] * alpha[hn][e] + (s[hn][e] + s[hn][e + 2]);
+    }
+    return moved;
+}
+
 // The end of a tensor-core split block: the warps' (output o [16][AM_HD], running max m and
-// denominator l per row, m in base 2), left in shared memory, merged into the slice's partial
-// (acc, m in base e, l) for the G heads. col(row, d): where dim d of a row sits in wo's row.
-struct am_cols {
-    __device__ int operator()(int, int d) const { return d; }
-};
-template <class Col = am_cols>
+// denominator l per head, m in base 2), left in shared memory, merged into the slice's partial
+// (acc, m in base e, l) for the G heads. col(row, d): where dim d of a head's row sits in wo's row.
+template <class Col>
 static __device__ __forceinline__ void am_merge(const float *wo, const float *wm, const float *wl,
-                                                int G, float *part, Col col = Col()) {
+                                                int G, float *part, Col col) {
     const float ln2 = 0.6931471805599453f;
     for (int i = threadIdx.x; i < G * AM_HD; i += AM_NW * 32) {
         const int row = i / AM_HD, d = i % AM_HD;

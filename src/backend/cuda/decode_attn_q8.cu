@@ -240,36 +240,10 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
                 for (int c = 0; c < 4; c++)
                     s[hn][c] += (a[hn][c] - off[hn][i][c & 1]) * (c < 2 ? sc0 : sc1);
         }
-        // keys past the slice end masked; online softmax per head column (max over the 8 lanes
-        // of a column: lane bits 2-4)
+        // keys past the slice end masked
         const int kb = start + j * AM_KT;
-        const bool v0 = kb + g8 < end, v1 = kb + g8 + 8 < end;
-        bool moved = false;
         float alpha[HN][2];
-#pragma unroll
-        for (int hn = 0; hn < HN; hn++) {
-            float mx[2] = {m[hn][0], m[hn][1]};
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float x = (c < 2 ? v0 : v1) ? s[hn][c] * sl2 : -INFINITY;
-                s[hn][c] = x;
-                mx[c & 1] = fmaxf(mx[c & 1], x);
-            }
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 4));
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 8));
-                mx[e] = fmaxf(mx[e], __shfl_xor_sync(~0u, mx[e], 16));
-                alpha[hn][e] = exp2f(m[hn][e] - mx[e]); // first tile: exp2(-inf) = 0
-                m[hn][e] = mx[e];
-                moved |= alpha[hn][e] != 1.f;
-            }
-#pragma unroll
-            for (int c = 0; c < 4; c++) s[hn][c] = exp2f(s[hn][c] - m[hn][c & 1]);
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                l[hn][e] = l[hn][e] * alpha[hn][e] + (s[hn][e] + s[hn][e + 2]);
-        }
+        const bool moved = am_softmax<HN>(s, m, l, alpha, kb + g8 < end, kb + g8 + 8 < end, sl2);
         // once the maxima settle, no column of the warp moves: skip the multiplies by 1
         if (__any_sync(~0u, moved)) {
 #pragma unroll
@@ -337,15 +311,10 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
     for (int hn = 0; hn < HN; hn++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 4);
-            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 8);
-            l[hn][e] += __shfl_xor_sync(~0u, l[hn][e], 16);
+            l[hn][e] = am_colsum(l[hn][e]);
 #pragma unroll
             for (int g = 0; g < 4; g++) {
-                float v = vs[hn][g][e];
-                v += __shfl_xor_sync(~0u, v, 4);
-                v += __shfl_xor_sync(~0u, v, 8);
-                v += __shfl_xor_sync(~0u, v, 16);
+                const float v = am_colsum(vs[hn][g][e]);
 #pragma unroll
                 for (int t = 0; t < 4; t++) {
                     o[g][t][hn][e] -= 9.f * v;
