@@ -26,7 +26,7 @@ __global__ void route_block_cycles_kernel(const struct gemv_params p, int n, lon
     __shared__ struct route_smem rt;
     long long t0 = clock64();
     for (int i = 0; i < n; i++) {
-        route_block(p, rt);
+        route_block(p, route_load(p), rt);
         __syncthreads();
     }
     if (threadIdx.x == 0) *cycles = (clock64() - t0) / n;

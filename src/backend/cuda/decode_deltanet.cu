@@ -9,14 +9,18 @@
 #define DNH_MAX_THREADS 512 // threads of a head block: d_v x (4 for d_k 128, else 1)
 #define DN_CONV_MAX     4   // conv taps held in registers by the head block
 
-// Block-wide sums of two floats (nthreads a multiple of 32, <= 512); red: 2 * 16 floats.
-static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+static __device__ __forceinline__ void warp_sum2(float &a, float &b) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
         a += __shfl_xor_sync(0xffffffffu, a, o);
         b += __shfl_xor_sync(0xffffffffu, b, o);
     }
+}
+
+// Block-wide sums of two floats (nthreads a multiple of 32, <= 512); red: 2 * 16 floats.
+static __device__ __forceinline__ void block_sum2(float &a, float &b, float *red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    warp_sum2(a, b);
     __syncthreads(); // red may still be read by an earlier call
     if (lane == 0) red[warp] = a, red[16 + warp] = b;
     __syncthreads();
@@ -102,18 +106,22 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
     TRACE_WAIT();
     const float b_in = __ldcg(p.b + h), a_in = __ldcg(p.a + h);
     const float zz = ok ? __ldcg(p.z + h * dv + j) : 0.f;
-    float vv = 0.f, yraw = 0.f;
+    float vv = 0.f, yraw = 0.f, sq = 0.f, sk = 0.f;
     if (conv) {
+        // the q/k squares are summed by their channels' threads and published by the barrier
+        // that publishes q and k (the same lanes and order as the loop below: the same bits)
         if (ch >= 0) {
             yraw = __ldcg(p.qkv + ch);
             const float o = dn_conv_out(cc, yraw, K);
             if (t < DK)
-                q[t + t / R * 4] = o;
+                q[t + t / R * 4] = o, sq = o * o;
             else if (t < 2 * DK)
-                k[(t - DK) + (t - DK) / R * 4] = o;
+                k[(t - DK) + (t - DK) / R * 4] = o, sk = o * o;
             else
                 vsm[t - 2 * DK] = o;
         }
+        warp_sum2(sq, sk);
+        if ((t & 31) == 0) red[t >> 5] = sq, red[16 + (t >> 5)] = sk;
         __syncthreads(); // every channel's state has been used
         if (t == 0) {
             const unsigned n = (unsigned)(p.v_heads / p.k_heads);
@@ -121,6 +129,8 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
         }
         if (ch >= 2 * qk) dn_conv_store(cc, p.conv_state + (size_t)ch * (K - 1), yraw, K);
         if (ok) vv = vsm[j];
+        sq = sk = 0.f;
+        for (int w = 0; w < (nt >> 5); w++) sq += red[w], sk += red[16 + w];
     } else {
         for (int i = t; i < DK; i += nt) {
             q[i + i / R * 4] = __ldcg(p.qkv + kh * DK + i);
@@ -128,14 +138,13 @@ __global__ void __launch_bounds__(DNH_MAX_THREADS)
         }
         vv = ok ? __ldcg(p.qkv + 2 * qk + h * dv + j) : 0.f;
         __syncthreads();
+        for (int i = t; i < DK; i += nt) {
+            const float a = q[i + i / R * 4], b = k[i + i / R * 4];
+            sq += a * a, sk += b * b;
+        }
+        block_sum2(sq, sk, red);
     }
     TRACE_MARK(0); // the inputs in (and their conv)
-    float sq = 0.f, sk = 0.f;
-    for (int i = t; i < DK; i += nt) {
-        const float a = q[i + i / R * 4], b = k[i + i / R * 4];
-        sq += a * a, sk += b * b;
-    }
-    block_sum2(sq, sk, red);
     const float qs = rsqrtf(sq + 1e-6f) * rsqrtf((float)DK), ks = rsqrtf(sk + 1e-6f);
     const float beta = sigmoid_f(b_in);
     const float ax = a_in + dt_bias;

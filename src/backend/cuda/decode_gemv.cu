@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MIN_BLOCKS)
     __shared__ float red[GEMV_THREADS / 32 * 4];
     __shared__ struct route_smem route;
     const route_smem *rt = p.topk_K > 0 ? &route : nullptr;
-    if (rt) route_block(p, route);
+    if (rt) route_block(p, route_load(p), route);
     load_x(xs, xs + xpad_len(p.cols), p, red);
     int s = 0;
     while (s + 1 < p.nseg && (int)blockIdx.x >= p.seg[s + 1].block0) s++;

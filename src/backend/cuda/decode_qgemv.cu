@@ -174,6 +174,8 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     }
     pdl_wait();
     TRACE_WAIT();
+    route_in ri = {0.f, 0.f};
+    if (rt) ri = route_load(p); // first: the routing waits for it
     if (rs_pre < RS) {
         const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs_pre)];
         const int r = 2 * (rs_pre - sg.rs0);
@@ -189,7 +191,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             cp_async16(qsm + 16 * i, p.qx_in + 16 * i, true);
         cp_async_commit();
     }
-    if (rt) route_block(p, route);
+    if (rt) route_block(p, ri, route);
     TRACE_MARK(0);
     // routed experts' first steps right after the routing, so they stream during the prologue
     if (npre < 1 && nsteps > 0) load(A, gw, 0), npre = 1;

@@ -227,10 +227,27 @@ static __device__ __forceinline__ float key_float(unsigned k) {
 // (usually ~10), which warp 0 ranks. One exchange of the warps' largest logits gives both the
 // maximum (for the probabilities) and that bound. Returns false (in every thread) when more than
 // 32 experts reach the bound (mass ties); the caller then routes with route_warp.
-static __device__ bool route_block256(const struct gemv_params &p, struct route_smem &rt) {
+// The logits route_block256 reads (thread t: expert t, and thread 0 the shared expert's gate):
+// loaded by the caller as the first thing after its wait, so that this round trip, on the launch's
+// critical path, is not queued behind the launch's other loads.
+struct route_in {
+    float lg, shared_logit;
+};
+static __device__ __forceinline__ bool route256_ok(const struct gemv_params &p) {
+    return p.topk_E == 256 && p.topk_K <= 8 && blockDim.x == 256;
+}
+static __device__ __forceinline__ route_in route_load(const struct gemv_params &p) {
+    route_in r = {0.f, 0.f};
+    if (!route256_ok(p)) return r; // route_warp reads its own
+    r.lg = __ldcg(p.logits + threadIdx.x);
+    if (p.has_shared_gate && threadIdx.x == 0) r.shared_logit = __ldcg(p.logits + p.topk_E);
+    return r;
+}
+
+static __device__ bool route_block256(const struct gemv_params &p, const route_in &in,
+                                      struct route_smem &rt) {
     const int t = threadIdx.x, w = t >> 5, l = t & 31, K = p.topk_K;
-    const float shared_logit = p.has_shared_gate && t == 0 ? __ldcg(p.logits + p.topk_E) : 0.f;
-    const float lg = __ldcg(p.logits + t);
+    const float shared_logit = in.shared_logit, lg = in.lg;
     // the largest logit (NaN ignored, as fmaxf does in route_warp)
     const unsigned lk = lg == lg ? float_key(lg) : 0u;
     const unsigned wl = __reduce_max_sync(0xffffffffu, lk);
@@ -289,10 +306,9 @@ static __device__ bool route_block256(const struct gemv_params &p, struct route_
 
 // Every block routes and publishes the choice in shared memory; block 0 also writes it to p.ids /
 // p.wts for the launches after this one.
-static __device__ __forceinline__ void route_block(const struct gemv_params &p,
+static __device__ __forceinline__ void route_block(const struct gemv_params &p, const route_in &in,
                                                    struct route_smem &rt) {
-    const bool done =
-        p.topk_E == 256 && p.topk_K <= 8 && blockDim.x == 256 && route_block256(p, rt);
+    const bool done = route256_ok(p) && route_block256(p, in, rt);
     if (!done && threadIdx.x < 32) {
         if (p.topk_E <= 256)
             route_warp<8>(p, rt);
