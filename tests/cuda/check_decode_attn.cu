@@ -218,8 +218,11 @@ int main(void) {
         {4, 2, 256, 64, 1, 129, S, 2, 1},
         {10, 5, 256, 64, 1, 300, attn_splits(5), 2, 1},
         {16, 1, 256, 64, 1, 2000, attn_splits(1), 1, 1},
-        // bf16 tensor-core path with 16 heads per KV head (two head tiles)
+        // bf16 tensor-core path with 16 heads per KV head (two head tiles); other rotary widths
+        // (pairs 64 dims apart; the whole head)
         {32, 2, 256, 64, 1, 1500, S, 2},
+        {16, 2, 256, 128, 1, 130, S, 2},
+        {16, 2, 256, 256, 0, 17, S, 1},
     };
     for (auto &c : cs) t_attn(c);
     // a consumer card's shared memory (99 KiB per block): one K/V stage per warp in the bf16
