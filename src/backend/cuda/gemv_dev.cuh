@@ -218,15 +218,6 @@ static __device__ __forceinline__ float key_float(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
 }
 
-// The same routing by all 256 threads for E = 256 experts and K <= 8 (this model family), in about
-// half route_warp's time (it sits on the expert launch's critical path): thread t holds expert t.
-// It ranks by the same key as route_warp (the probability's bits + 1, 0 for a NaN; then the lower
-// id), so both choose the same experts. Each warp's largest logit is an expert whose key is that
-// logit's probability, so the smallest of the 8 warps' largest logits, as a probability, is at
-// most the K-th largest key (8 experts reach it): only experts at or above it are candidates
-// (usually ~10), which warp 0 ranks. One exchange of the warps' largest logits gives both the
-// maximum (for the probabilities) and that bound. Returns false (in every thread) when more than
-// 32 experts reach the bound (mass ties); the caller then routes with route_warp.
 // The logits route_block256 reads (thread t: expert t, and thread 0 the shared expert's gate):
 // loaded by the caller as the first thing after its wait, so that this round trip, on the launch's
 // critical path, is not queued behind the launch's other loads.
@@ -244,6 +235,15 @@ static __device__ __forceinline__ route_in route_load(const struct gemv_params &
     return r;
 }
 
+// The same routing by all 256 threads for E = 256 experts and K <= 8 (this model family), in about
+// half route_warp's time (it sits on the expert launch's critical path): thread t holds expert t.
+// It ranks by the same key as route_warp (the probability's bits + 1, 0 for a NaN; then the lower
+// id), so both choose the same experts. Each warp's largest logit is an expert whose key is that
+// logit's probability, so the smallest of the 8 warps' largest logits, as a probability, is at
+// most the K-th largest key (8 experts reach it): only experts at or above it are candidates
+// (usually ~10), which warp 0 ranks. One exchange of the warps' largest logits gives both the
+// maximum (for the probabilities) and that bound. Returns false (in every thread) when more than
+// 32 experts reach the bound (mass ties); the caller then routes with route_warp.
 static __device__ bool route_block256(const struct gemv_params &p, const route_in &in,
                                       struct route_smem &rt) {
     const int t = threadIdx.x, w = t >> 5, l = t & 31, K = p.topk_K;
