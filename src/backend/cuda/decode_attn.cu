@@ -527,12 +527,9 @@ static int split_launch(const struct attn_params *p, int G, cudaStream_t s, stru
 }
 
 // Tensor-core path: two K/V stages per warp where the shared memory allows (136 KiB: one block
-// per SM on Hopper/Ampere datacenter parts), else one (72 KiB, consumer cards); one slice per
-// resident block, so the grid is a single wave.
-// Two K/V stages per warp where the shared memory allows (136 KiB: one block per SM on
-// Hopper/Ampere datacenter parts), else one (74 KiB, consumer cards); one slice per resident
-// block, so the grid is a single wave. (One stage and three blocks per SM on the H200: 4% slower
-// at 4K, 7% at 32K and 128K.)
+// per SM on Hopper/Ampere datacenter parts), else one (72.5 KiB, consumer cards); one slice per
+// resident block, so the grid is a single wave. (One stage and three blocks per SM on the H200:
+// 4% slower at 4K, 7% at 32K and 128K.)
 static int attn_mma_launch(struct attn_params *q, int G, cudaStream_t s, struct wren_err *e) {
     const int hn = G / 8;
     const bool two = g_att_smem >= at_smem(hn, 2);
