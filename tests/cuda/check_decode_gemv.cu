@@ -298,6 +298,11 @@ int main(void) {
     t_plain(4, 64, 2051, 17, 4096, true);
     t_plain(4, 64, 248320 / 64, 5, 2048, true); // lm_head-like row count
     t_plain(8, 32, 129, 7, 8192, false);
+    // two steps per row: the split-step kernel (second steps of 32 and of 2 chunks), and
+    // too many row sets for it
+    t_plain(4, 32, 301, 64, 3072, false);
+    t_plain(8, 32, 5, 1023, 1056, true);
+    t_plain(4, 64, 2600, 3, 4096, false);
     t_stream(4, 64, 248320, 2048); // the lm_head
     t_stream(4, 32, 40013, 1024);  // a last stage of 1 row
     t_stream(8, 64, 33001, 2048);

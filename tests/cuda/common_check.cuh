@@ -238,6 +238,7 @@ static void init_device(void) {
     dc.dn_slices = false;
     dc.cc_major = p.major;
     dc.no_stream = f && strstr(f, "nostream");
+    dc.no_split = f && strstr(f, "nosplit");
     decode_configure(&dc);
 }
 

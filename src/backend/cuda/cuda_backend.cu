@@ -761,7 +761,7 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         return NULL;
     }
     // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl", "f32gemv", "dnslices",
-    // "nostream"
+    // "nostream", "nosplit"
     const char *dflags = getenv("WREN_CUDA_DECODE");
     struct decode_config dc;
     dc.sm_count = prop.multiProcessorCount;
@@ -771,6 +771,7 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     dc.dn_slices = dflags && strstr(dflags, "dnslices");
     dc.cc_major = prop.major;
     dc.no_stream = dflags && strstr(dflags, "nostream");
+    dc.no_split = dflags && strstr(dflags, "nosplit");
     decode_configure(&dc);
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;

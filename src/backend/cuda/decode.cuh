@@ -90,13 +90,14 @@ struct decode_config {
     bool dn_slices; // the DeltaNet step in column slices, the norm in out_proj (comparison runs)
     int cc_major;   // compute capability (the streaming GEMV needs 9+)
     bool no_stream; // the lm_head on the register-pipelined GEMV (comparison runs)
+    bool no_split;  // no split-step GEMV kernel (comparison runs)
 };
 void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);
 bool decode_dn_slices(void);
 bool decode_pdl(void);          // launch the decode kernels with programmatic dependent launch
 bool decode_kernels_sm90(void); // the loaded kernels hold their sm_90 paths (not sm_8x code)
-void qgemv_set_sm_count(int sm_count);
+void qgemv_configure(int sm_count, bool no_split);
 void attn_set_device(int sm_count, size_t smem_optin);
 
 // ---- MoE: down projections of the routed experts + shared expert, weighted sum into x ----------

@@ -20,7 +20,7 @@ void decode_configure(const struct decode_config *c) {
     g_pdl = c->pdl && decode_kernels_sm90();
     g_dn_slices = c->dn_slices;
     attn_set_device(c->sm_count, c->smem_optin);
-    qgemv_set_sm_count(c->sm_count);
+    qgemv_configure(c->sm_count, c->no_split);
     qstream_configure(c->cc_major, c->sm_count, c->smem_optin, c->no_stream);
 }
 bool decode_pdl(void) {

@@ -21,9 +21,11 @@
 #include "backend/cuda/mma.cuh"
 
 static int g_q_sms = 132;
+static bool g_no_split = false;
 
-void qgemv_set_sm_count(int sm_count) {
+void qgemv_configure(int sm_count, bool no_split) {
     g_q_sms = sm_count;
+    g_no_split = no_split;
 }
 
 // The pipelined step loop of one warp: steps (row set j, iteration it) for row sets gw, gw + W,
@@ -90,7 +92,39 @@ static __device__ __forceinline__ int seg_of_rs(const struct gemv_params &p, int
     return k;
 }
 
-template <int BITS>
+// Split steps (SPLIT): a launch of two steps per row set (an input of 4,096 values at 4 bits, 2,048
+// at 8; the router) small enough for one row set per warp pair in at most one block per SM.
+// Warps 2j and 2j + 1 take the two steps of row set j of the block; the second hands its step's
+// terms (qterm) to the first through shared memory, which adds them after its own in the order
+// qrun would (the same bits). So a warp's chain after the prologue is one step instead of two
+// (router 5.4 -> 4.1 us per launch). Measured and not kept: the same for out_proj and o_proj
+// (256 blocks): the launch before them (DeltaNet step, attention combine) ran longer by about
+// what they saved (RESULTS.md, twenty-second session).
+#define QS_PAIRS (QG_WARPS / 2)
+#define QS_TERMS (int)(sizeof(qterms) / sizeof(float))
+#define QS_IT    2 // input units per thread: two steps are at most 4,096 values
+
+static bool split_fits(int row_sets) {
+    return row_sets <= QS_PAIRS * g_q_sms;
+}
+
+// The pairs' exchange: QS_TERMS x 32 floats per pair after the int8 activation (dynamic shared
+// memory: split_smem bytes in all).
+static __host__ __device__ __forceinline__ size_t split_smem(int cols) {
+    return qx_bytes(cols / 32) + (size_t)QS_PAIRS * QS_TERMS * 32 * sizeof(float);
+}
+static __device__ __forceinline__ float (*split_xch(uint8_t *smem, int cols, int warp))[32] {
+    return reinterpret_cast<float(*)[32]>(smem + qx_bytes(cols / 32)) + (warp >> 1) * QS_TERMS;
+}
+
+static __device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(n) : "memory");
+}
+
+template <int BITS, bool SPLIT>
 __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qgemv_kernel(const __grid_constant__ struct gemv_params p) {
     extern __shared__ __align__(16) uint8_t qsm[];
@@ -115,10 +149,14 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
         return;
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * QG_WARPS + warp, W = (gridDim.x - (p.qx_out ? 1 : 0)) * QG_WARPS;
+    const int nblk = gridDim.x - (p.qx_out ? 1 : 0);
+    // SPLIT: gw numbers warp pairs, part is the step a warp takes
+    const int part = SPLIT ? warp & 1 : 0;
+    const int gw = SPLIT ? blockIdx.x * QS_PAIRS + (warp >> 1) : blockIdx.x * QG_WARPS + warp;
+    const int W = nblk * (SPLIT ? QS_PAIRS : QG_WARPS);
     const int C = p.cols * BITS / 128, nit = p.q_nit, RS = p.q_rs;
-    const route_smem *rt = p.topk_K > 0 ? &route : nullptr;
-    const int nsteps = gw < RS ? ((RS - 1 - gw) / W + 1) * nit : 0;
+    const route_smem *rt = !SPLIT && p.topk_K > 0 ? &route : nullptr;
+    const int nsteps = gw < RS ? (SPLIT ? 1 : ((RS - 1 - gw) / W + 1) * nit) : 0;
     auto load = [&](qstage &S, int rs, int it) {
         const int k = seg_of_rs(p, rs);
         const struct gemv_seg &sg = p.seg[k];
@@ -163,10 +201,49 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     };
     // before the wait: the norm weights and the first two steps' weights, unless their matrix
     // comes from the router
-    qx_w nw;
+    qx_wn<SPLIT ? QS_IT : QX_IT> nw;
     if (!p.qx_in) qx_prefetch(in, nw);
     qstage A, B;
     int npre = 0;
+    if constexpr (SPLIT) { // no routing, no qx_in (the launcher checks)
+        if (nsteps > 0) load(A, gw, part);
+        pdl_wait();
+        TRACE_WAIT();
+        if (part == 0 && gw < RS) {
+            const struct gemv_seg &sg = p.seg[seg_of_rs(p, gw)];
+            const int r = 2 * (gw - sg.rs0);
+            if (sg.epi == EPI_ADD && lane == 0) {
+                pre[0] = __ldcg(sg.out + r);
+                if (r + 1 < sg.rows) pre[1] = __ldcg(sg.out + r + 1);
+            }
+        }
+        TRACE_MARK(0);
+        const qx_smem q = qx_layout(qsm, p.cols >> 5);
+        qx_build<BITS>(in, nw, q, red);
+        TRACE_MARK(1);
+        if (nsteps == 0) return;
+        float(*x)[32] = split_xch(qsm, in.cols, warp);
+        if (part == 1) {
+            qterms T;
+            qterm<BITS>(A, q, 1, C, T);
+            const float *t = reinterpret_cast<const float *>(&T);
+#pragma unroll
+            for (int k = 0; k < QS_TERMS; k++) x[k][lane] = t[k];
+            bar_arrive(1 + (warp >> 1), 64);
+            return;
+        }
+        float acc[QG_R] = {0.f, 0.f};
+        qdot<BITS>(A, q, 0, C, acc);
+        qterms T;
+        float *t = reinterpret_cast<float *>(&T);
+        bar_sync(1 + (warp >> 1), 64);
+#pragma unroll
+        for (int k = 0; k < QS_TERMS; k++) t[k] = x[k][lane];
+        qchain(T, 1, C, acc);
+        warp_sum_rows(acc);
+        if (lane == 0) finish(gw, acc[0], acc[1]);
+        return;
+    }
     const int rs1 = nit > 1 ? gw : gw + W, it1 = nit > 1 ? 1 : 0;
     if (nsteps > 0 && !p.seg[seg_of_rs(p, gw)].idx) {
         load(A, gw, 0), npre = 1;
@@ -246,19 +323,30 @@ void gemv_share_qx(struct gemv_params *producer, struct gemv_params *consumer, u
 int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     const int bits = p->seg[0].a.bits;
     int rs = 0;
+    bool routed = false;
     for (int i = 0; i < p->nseg; i++) {
         struct gemv_seg *g = &p->seg[i];
         g->rs0 = rs;
         rs += g->epi == EPI_SWIGLU ? g->rows : (g->rows + QG_R - 1) / QG_R;
+        routed = routed || g->idx;
     }
     p->q_rs = rs;
     p->q_nit = (p->cols * bits / 128 + QG_CHUNKS - 1) / QG_CHUNKS;
     p->q_gshift = log2i(p->seg[0].a.group / (128 / bits));
-    int blocks = (rs + QG_WARPS - 1) / QG_WARPS;
-    if (blocks > QG_BLOCKS_PER_SM * g_q_sms) blocks = QG_BLOCKS_PER_SM * g_q_sms;
+    const bool split =
+        !g_no_split && p->q_nit == 2 && !routed && p->topk_K == 0 && !p->qx_in && split_fits(rs);
+    int blocks;
+    if (split) {
+        blocks = (rs + QS_PAIRS - 1) / QS_PAIRS;
+    } else {
+        blocks = (rs + QG_WARPS - 1) / QG_WARPS;
+        if (blocks > QG_BLOCKS_PER_SM * g_q_sms) blocks = QG_BLOCKS_PER_SM * g_q_sms;
+    }
     if (p->qx_out) blocks++; // the exporting block
-    const size_t smem = qx_bytes(p->cols / 32);
-    void (*k)(const struct gemv_params) = bits == 4 ? qgemv_kernel<4> : qgemv_kernel<8>;
+    const size_t smem = split ? split_smem(p->cols) : qx_bytes(p->cols / 32);
+    void (*k)(const struct gemv_params) =
+        bits == 4 ? (split ? qgemv_kernel<4, true> : qgemv_kernel<4, false>)
+                  : (split ? qgemv_kernel<8, true> : qgemv_kernel<8, false>);
     CUDA_CHECK(pdl_launch(k, dim3(blocks), dim3(QG_THREADS), smem, s, decode_pdl(), *p));
     return 0;
 }

@@ -67,13 +67,14 @@ static __device__ __forceinline__ void ld8(float (&v)[8], const float *p, bool c
 }
 
 // The norm weights of this thread's units: constant, so loaded before the programmatic-launch wait.
-struct qx_w {
-    float w[QX_IT][8];
-};
-static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_w &nw) {
+// IT < QX_IT: for inputs of at most 8 * QG_THREADS * IT values (fewer registers).
+template <int IT> struct qx_wn { float w[IT][8]; };
+using qx_w = qx_wn<QX_IT>;
+template <int IT>
+static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_wn<IT> &nw) {
     const int nu = in.cols >> 3, t = threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < QX_IT; i++) {
+    for (int i = 0; i < IT; i++) {
         if (i * QG_THREADS >= nu) break; // the same in the whole block
         const int u = t + i * QG_THREADS;
         if (u < nu && in.norm_w) ld8(nw.w[i], in.norm_w + 8 * u, false);
@@ -82,15 +83,16 @@ static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_w &nw) {
 }
 
 // XB: in.x points to bf16 values (prefill activations), else to floats.
-template <int BITS, bool XB = false>
-static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem &q, float *red) {
+template <int BITS, bool XB = false, int IT = QX_IT>
+static __device__ void qx_build(const qx_src &in, const qx_wn<IT> &nw, const qx_smem &q,
+                                float *red) {
     const int nu = in.cols >> 3, t = threadIdx.x;
-    float v[QX_IT][8];
-    float ss[QX_IT];
+    float v[IT][8];
+    float ss[IT];
     // the iterations no thread of the block has a unit in are skipped by a uniform branch (the
     // compiler would otherwise run them predicated, shuffles included)
 #pragma unroll
-    for (int i = 0; i < QX_IT; i++) {
+    for (int i = 0; i < IT; i++) {
         const int u = t + i * QG_THREADS;
         ss[i] = 0.f;
         if (i * QG_THREADS >= nu) continue;
@@ -117,10 +119,10 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
     if (in.norm_w) {
         float tot = 0.f;
 #pragma unroll
-        for (int i = 0; i < QX_IT; i++) tot += ss[i];
+        for (int i = 0; i < IT; i++) tot += ss[i];
         const float scale = rsqrtf(block_sum(tot, red) / (float)in.cols + in.eps);
 #pragma unroll
-        for (int i = 0; i < QX_IT; i++) {
+        for (int i = 0; i < IT; i++) {
             if (i * QG_THREADS >= nu) break;
             const int u = t + i * QG_THREADS;
             if (u >= nu) continue;
@@ -130,7 +132,7 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
     } else if (in.gn_w) {
         // a head is gn_dv / 8 consecutive lanes (a power of two <= 32, checked by the launcher)
 #pragma unroll
-        for (int i = 0; i < QX_IT; i++) {
+        for (int i = 0; i < IT; i++) {
             if (i * QG_THREADS >= nu) break;
             float hs = ss[i];
             for (int o = 1; o < in.gn_dv >> 3; o <<= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
@@ -144,7 +146,7 @@ static __device__ void qx_build(const qx_src &in, const qx_w &nw, const qx_smem 
         }
     }
 #pragma unroll
-    for (int i = 0; i < QX_IT; i++) {
+    for (int i = 0; i < IT; i++) {
         if (i * QG_THREADS >= nu) break;
         const int u = t + i * QG_THREADS; // nu is a multiple of 4: a quad is all in or all out
         float amax = 0.f, sum = 0.f;
@@ -208,10 +210,12 @@ static __device__ __forceinline__ void qload(qstage &S, int i, int u, const uint
     }
 }
 
-// acc[i] += the step's part of row i's dot product. Chunk c = it * QG_CHUNKS + 32 u + lane.
-template <int BITS>
-static __device__ __forceinline__ void qdot(const qstage &S, const qx_smem &q, int it, int C,
-                                            float (&acc)[QG_R]) {
+// The dot products of one step: for chunk c = it * QG_CHUNKS + 32 u + lane of row i, term(i, u,
+// s, dot, b, xs) gets its scale s, its integer dot product times the block's d, its bias b and the
+// block's sum xs; row i's dot product gains fmaf(s, dot, fmaf(b, xs, acc)) per chunk (qdot).
+template <int BITS, class Term>
+static __device__ __forceinline__ void qstep(const qstage &S, const qx_smem &q, int it, int C,
+                                             Term term) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int u = 0; u < QG_U; u++) {
@@ -248,9 +252,40 @@ static __device__ __forceinline__ void qdot(const qstage &S, const qx_smem &q, i
                 }
             }
             const float dot = d * fmaf((float)is[1], 1.f / 254.f, (float)is[0]);
-            acc[i] = fmaf(bf16_bits_to_f32(S.s[i][u]), dot,
-                          fmaf(bf16_bits_to_f32(S.b[i][u]), xs, acc[i]));
+            term(i, u, bf16_bits_to_f32(S.s[i][u]), dot, bf16_bits_to_f32(S.b[i][u]), xs);
         }
+    }
+}
+
+// acc[i] += the step's part of row i's dot product.
+template <int BITS>
+static __device__ __forceinline__ void qdot(const qstage &S, const qx_smem &q, int it, int C,
+                                            float (&acc)[QG_R]) {
+    qstep<BITS>(S, q, it, C, [&](int i, int, float s, float dot, float b, float xs) {
+        acc[i] = fmaf(s, dot, fmaf(b, xs, acc[i]));
+    });
+}
+
+// A step's terms, kept so that another warp than the one that computed them can add them (qchain
+// adds them as qdot would: the same bits). The split GEMV kernel hands them between warps.
+struct qterms {
+    float s[QG_R][QG_U], dot[QG_R][QG_U], b[QG_R][QG_U], xs[QG_U];
+};
+template <int BITS>
+static __device__ __forceinline__ void qterm(const qstage &S, const qx_smem &q, int it, int C,
+                                             qterms &T) {
+    qstep<BITS>(S, q, it, C, [&](int i, int u, float s, float dot, float b, float xs) {
+        T.s[i][u] = s, T.dot[i][u] = dot, T.b[i][u] = b, T.xs[u] = xs;
+    });
+}
+static __device__ __forceinline__ void qchain(const qterms &T, int it, int C, float (&acc)[QG_R]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < QG_U; u++) {
+        if (it * QG_CHUNKS + u * 32 + lane >= C) continue;
+#pragma unroll
+        for (int i = 0; i < QG_R; i++)
+            acc[i] = fmaf(T.s[i][u], T.dot[i][u], fmaf(T.b[i][u], T.xs[u], acc[i]));
     }
 }
 
