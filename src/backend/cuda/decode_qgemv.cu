@@ -95,11 +95,12 @@ static __device__ __forceinline__ int seg_of_rs(const struct gemv_params &p, int
 // Split steps (SPLIT): a launch of two steps per row set (an input of 4,096 values at 4 bits, 2,048
 // at 8; the router) small enough for one row set per warp pair in at most one block per SM.
 // Warps 2j and 2j + 1 take the two steps of row set j of the block; the second hands its step's
-// terms (qterm) to the first through shared memory, which adds them after its own in the order
-// qrun would (the same bits). So a warp's chain after the prologue is one step instead of two
-// (router 5.4 -> 4.1 us per launch). Measured and not kept: the same for out_proj and o_proj
-// (256 blocks): the launch before them (DeltaNet step, attention combine) ran longer by about
-// what they saved (RESULTS.md, twenty-second session).
+// terms (qterm) to the first through shared memory and named barrier 1 + j (0 is __syncthreads),
+// and the first adds them after its own in the order qrun would (the same bits). So a warp's chain
+// after the prologue is one step instead of two (router 5.4 -> 3.5 us per launch, decode +4%).
+// Measured and not kept: the same for out_proj and o_proj (256 blocks; the launch before them,
+// DeltaNet step or attention combine, ran longer by about what they saved) and for the MoE down
+// (its 256 blocks kept the next in_proj from starting early): RESULTS.md, twenty-second session.
 #define QS_PAIRS (QG_WARPS / 2)
 #define QS_TERMS (int)(sizeof(qterms) / sizeof(float))
 #define QS_IT    2 // input units per thread: two steps are at most 4,096 values
