@@ -185,6 +185,15 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     // read right after the wait, so that epilogue is a store, not a round trip
     const int rs_pre = gw + lane * W;
     float pre[2] = {0.f, 0.f};
+    auto read_pre = [&]() {
+        if (rs_pre >= RS) return;
+        const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs_pre)];
+        const int r = 2 * (rs_pre - sg.rs0);
+        if (sg.epi == EPI_ADD) {
+            pre[0] = __ldcg(sg.out + r);
+            if (r + 1 < sg.rows) pre[1] = __ldcg(sg.out + r + 1);
+        }
+    };
     auto finish = [&](int rs, float a, float b) {
         TRACE_MARK(2); // the last call: where the warp's epilogue begins
         const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs)];
@@ -210,14 +219,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
         if (nsteps > 0) load(A, gw, part);
         pdl_wait();
         TRACE_WAIT();
-        if (part == 0 && gw < RS) {
-            const struct gemv_seg &sg = p.seg[seg_of_rs(p, gw)];
-            const int r = 2 * (gw - sg.rs0);
-            if (sg.epi == EPI_ADD && lane == 0) {
-                pre[0] = __ldcg(sg.out + r);
-                if (r + 1 < sg.rows) pre[1] = __ldcg(sg.out + r + 1);
-            }
-        }
+        if (part == 0 && lane == 0) read_pre(); // the pair has one row set (W >= RS)
         TRACE_MARK(0);
         const qx_smem q = qx_layout(qsm, p.cols >> 5);
         qx_build<BITS>(in, nw, q, red);
@@ -254,14 +256,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     TRACE_WAIT();
     route_in ri = {0.f, 0.f};
     if (rt) ri = route_load(p); // first: the routing waits for it
-    if (rs_pre < RS) {
-        const struct gemv_seg &sg = p.seg[seg_of_rs(p, rs_pre)];
-        const int r = 2 * (rs_pre - sg.rs0);
-        if (sg.epi == EPI_ADD) {
-            pre[0] = __ldcg(sg.out + r);
-            if (r + 1 < sg.rows) pre[1] = __ldcg(sg.out + r + 1);
-        }
-    }
+    read_pre();
     const qx_smem q = qx_layout(qsm, p.cols >> 5);
     if (p.qx_in) { // the previous launch built it: copied during the routing
         const int n = (int)(qx_bytes(p.cols >> 5) / 16);
