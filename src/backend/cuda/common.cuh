@@ -195,6 +195,17 @@ static __host__ __device__ __forceinline__ int dmat_bits(enum wtype t, int bits)
     return t == WT_BF16 ? 16 : bits;
 }
 
+// An L2 cache policy for data a decode step reads once (weights, the KV cache): its lines are the
+// first to be evicted. The step streams ~1.7 GB through a 50 MB L2; under the default policy that
+// evicts the kernels' code and the activations every few launches, and each launch then fetches
+// its code again (a second, identical copy of the GEMV kernel for one launch kind cost 9% of
+// decode speed: RESULTS.md, twenty-third session).
+static __device__ __forceinline__ uint64_t l2_stream() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
 // Programmatic dependent launch (Hopper and newer): a kernel launched with pdl_launch may start
 // while the previous kernel of the stream is still running. It must call pdl_wait() before it
 // reads anything an earlier kernel wrote, or writes anything an earlier kernel may still read;

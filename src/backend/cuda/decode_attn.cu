@@ -306,6 +306,7 @@ __global__ void __launch_bounds__(AM_NW * 32)
                         *vc = reinterpret_cast<const __nv_bfloat16 *>(p.vc) + (size_t)kvh * AM_HD +
                               lane * 8;
     // a tile's copies: iteration r copies row r, chunk `lane` (amswz: chunk ^ (r & 7))
+    const uint64_t pol = l2_stream(); // the cache is read once per step
     auto load_tile = [&](unsigned char *st, int j) {
         const int k0 = start + j * AM_KT, nk = end - k0;
         const size_t o = (size_t)k0 * rowst;
@@ -314,8 +315,8 @@ __global__ void __launch_bounds__(AM_NW * 32)
             const bool ok = nk >= AM_KT || r < nk;
             const size_t go = ok ? o + (size_t)r * rowst : 0;
             const int so = r * AM_HD * 2 + ((lane ^ (r & 7)) << 4);
-            cp_async16(st + so, kc + go, ok);
-            cp_async16(st + AM_KT * AM_HD * 2 + so, vc + go, ok);
+            cp_async16(st + so, kc + go, ok, pol);
+            cp_async16(st + AM_KT * AM_HD * 2 + so, vc + go, ok, pol);
         }
     };
 #pragma unroll

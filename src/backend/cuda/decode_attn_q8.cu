@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
                         *sg = (lane < 16 ? p.kc : p.vc) + (size_t)p.n_kv * AM_HD +
                               (size_t)kvh * 16 + (size_t)cc * row;
     // keys past the slice's end are zero-filled: code 0 with scale 0 reads as 0, never NaN
+    // plain copies, not evict-first as in the bf16 kernel: with the L2 cache hint, ptxas 13.0 gave
+    // this kernel's copies a misaligned descriptor register pair (desc[UR1]): illegal instruction
     auto load_tile = [&](unsigned char *st, int j) {
         const int k0 = start + j * AM_KT, nk = end - k0;
         const size_t o = (size_t)k0 * row;

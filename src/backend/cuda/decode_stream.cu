@@ -47,11 +47,12 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
                      : "memory");
     } while (!done);
 }
+// pol: an L2 cache policy (the lm_head is read once per step: l2_stream)
 static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
-                                                 uint64_t *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(qs_saddr(dst)),
-                 "l"(src), "r"(bytes), "r"(qs_saddr(b))
+                                                 uint64_t *b, uint64_t pol) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+                 "[%0], [%1], %2, [%3], %4;" ::"r"(qs_saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(qs_saddr(b)), "l"(pol)
                  : "memory");
 }
 #endif
@@ -80,6 +81,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     }
     __syncthreads();
     const bool producer = warp == QS_CWARPS && lane == 0;
+    const uint64_t pol = l2_stream();
     // stage i of this block: rows [row0, row0 + nr) into ring slot i % nst
     auto issue = [&](long i) {
         const int slot = (int)(i % nst);
@@ -88,9 +90,9 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
         uint8_t *st = qs_sm + slot * stb;
         const uint32_t w = (uint32_t)nr * p.C * 16, s = (uint32_t)nr * p.ng * 2;
         mbar_expect(&full[slot], w + 2 * s);
-        bulk_copy(st, p.a.data + row0 * p.a.row_stride, w, &full[slot]);
-        bulk_copy(st + wb, p.a.scales + row0 * p.a.sb_row_stride, s, &full[slot]);
-        bulk_copy(st + wb + sb, p.a.biases + row0 * p.a.sb_row_stride, s, &full[slot]);
+        bulk_copy(st, p.a.data + row0 * p.a.row_stride, w, &full[slot], pol);
+        bulk_copy(st + wb, p.a.scales + row0 * p.a.sb_row_stride, s, &full[slot], pol);
+        bulk_copy(st + wb + sb, p.a.biases + row0 * p.a.sb_row_stride, s, &full[slot], pol);
     };
     // the weights are constant: the first stages stream while the previous kernel finishes
     if (producer)

@@ -12,6 +12,13 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *g, boo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
                  "r"(pred ? 16 : 0));
 }
+// The same with an L2 cache policy (common.cuh, l2_stream).
+static __device__ __forceinline__ void cp_async16(void *smem, const void *g, bool pred,
+                                                  uint64_t pol) {
+    asm volatile(
+        "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem)),
+        "l"(g), "r"(pred ? 16 : 0), "l"(pol));
+}
 // Both clobber memory: the compiler must not move shared-memory reads of the copied data above
 // the wait, nor plain stores into a stage below the commit that publishes it.
 static __device__ __forceinline__ void cp_async_commit() {

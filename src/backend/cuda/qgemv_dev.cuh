@@ -198,12 +198,29 @@ struct qstage {
     uint16_t s[QG_R][QG_U], b[QG_R][QG_U];
 };
 
+// The weights stream through the L2 once per token: loaded as first to be evicted (l2_stream), so
+// they do not push out what is read again soon, the kernels' code above all.
+static __device__ __forceinline__ uint4 ld_stream16(const void *a, uint64_t pol) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(a), "l"(pol));
+    return v;
+}
+static __device__ __forceinline__ uint16_t ld_stream2(const void *a, uint64_t pol) {
+    uint16_t v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u16 %0, [%1], %2;"
+        : "=h"(v)
+        : "l"(a), "l"(pol));
+    return v;
+}
 static __device__ __forceinline__ void qload(qstage &S, int i, int u, const uint8_t *w,
                                              const uint8_t *sc, const uint8_t *bi, bool ok) {
     if (ok) {
-        S.w[i][u] = __ldg(reinterpret_cast<const uint4 *>(w));
-        S.s[i][u] = __ldg(reinterpret_cast<const uint16_t *>(sc));
-        S.b[i][u] = __ldg(reinterpret_cast<const uint16_t *>(bi));
+        const uint64_t pol = l2_stream();
+        S.w[i][u] = ld_stream16(w, pol);
+        S.s[i][u] = ld_stream2(sc, pol);
+        S.b[i][u] = ld_stream2(bi, pol);
     } else {
         S.w[i][u] = make_uint4(0, 0, 0, 0);
         S.s[i][u] = S.b[i][u] = 0;
