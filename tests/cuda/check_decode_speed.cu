@@ -20,14 +20,32 @@ __global__ void empty_kernel(int *p) {
     if (p && threadIdx.x == 1024) *p = 0; // never true: keeps the kernel from being elided
 }
 
+// The same with a parameter block of B bytes (the GEMV's is ~3 KB) and the decode kernels'
+// programmatic-launch calls.
+template <int B> struct blob { int v[B / 4]; };
+template <int B> __global__ void empty_pdl_kernel(const __grid_constant__ blob<B> p) {
+    pdl_trigger();
+    pdl_wait();
+    if (threadIdx.x == 1024) printf("%d", p.v[B / 4 - 1]); // never true
+}
+
 // Replay cost of a graph of n empty kernel nodes, per node (us): the floor any n-launch step pays.
-static double node_cost_us(int n) {
+// B > 0: empty_pdl_kernel<B> launched as the decode kernels are (pdl_launch).
+template <int B = 0> static double node_cost_us(int n, bool pdl = false) {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t g;
     cudaGraphExec_t x;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-    for (int i = 0; i < n; i++) empty_kernel<<<132, 256, 0, st>>>(nullptr);
+    for (int i = 0; i < n; i++) {
+        if constexpr (B == 0) {
+            empty_kernel<<<132, 256, 0, st>>>(nullptr);
+        } else {
+            blob<B> b;
+            memset(&b, 0, sizeof b);
+            CK(pdl_launch(empty_pdl_kernel<B>, dim3(132), dim3(256), 0, st, pdl, b));
+        }
+    }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&x, g, 0));
     for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(x, st));
@@ -107,6 +125,12 @@ int main(int argc, char **argv) {
            argv[1], t1 - t0, t2 - t1, gpu->device_bytes / 1073741824.0, (tot - fr) / 1073741824.0);
     const double bw = copy_bw();
     printf("graph of 263 empty kernels (132 x 256 threads): %.2f us per node\n", node_cost_us(263));
+    printf("  with a parameter block of 16 / 256 / %zu (the GEMV's) / 4,000 bytes: %.2f / %.2f / "
+           "%.2f / %.2f us per node; with programmatic launch: %.2f / %.2f / %.2f / %.2f\n",
+           sizeof(struct gemv_params), node_cost_us<16>(263), node_cost_us<256>(263),
+           node_cost_us<(int)sizeof(struct gemv_params)>(263), node_cost_us<4000>(263),
+           node_cost_us<16>(263, true), node_cost_us<256>(263, true),
+           node_cost_us<(int)sizeof(struct gemv_params)>(263, true), node_cost_us<4000>(263, true));
     const struct model_config *c = &m.cfg;
     const double wbytes = active_weight_bytes(&m);
     const double state_bytes = 2.0 * (c->n_layers - cfg_n_attn_layers(c)) *
