@@ -126,11 +126,12 @@ int main(int argc, char **argv) {
     const double bw = copy_bw();
     printf("graph of 263 empty kernels (132 x 256 threads): %.2f us per node\n", node_cost_us(263));
     printf("  with a parameter block of 16 / 256 / %zu (the GEMV's) / 4,000 bytes: %.2f / %.2f / "
-           "%.2f / %.2f us per node; with programmatic launch: %.2f / %.2f / %.2f / %.2f\n",
+           "%.2f / %.2f us per node; with programmatic launch (if on): %.2f / %.2f / %.2f / %.2f\n",
            sizeof(struct gemv_params), node_cost_us<16>(263), node_cost_us<256>(263),
            node_cost_us<(int)sizeof(struct gemv_params)>(263), node_cost_us<4000>(263),
-           node_cost_us<16>(263, true), node_cost_us<256>(263, true),
-           node_cost_us<(int)sizeof(struct gemv_params)>(263, true), node_cost_us<4000>(263, true));
+           node_cost_us<16>(263, decode_pdl()), node_cost_us<256>(263, decode_pdl()),
+           node_cost_us<(int)sizeof(struct gemv_params)>(263, decode_pdl()),
+           node_cost_us<4000>(263, decode_pdl()));
     const struct model_config *c = &m.cfg;
     const double wbytes = active_weight_bytes(&m);
     const double state_bytes = 2.0 * (c->n_layers - cfg_n_attn_layers(c)) *
