@@ -209,8 +209,9 @@ static __device__ __forceinline__ uint64_t l2_stream() {
 // Programmatic dependent launch (Hopper and newer): a kernel launched with pdl_launch may start
 // while the previous kernel of the stream is still running. It must call pdl_wait() before it
 // reads anything an earlier kernel wrote, or writes anything an earlier kernel may still read;
-// work before that point may only touch constant data (weights, recurrent state of this layer),
-// or speculate on a value an earlier kernel writes and check it after the wait (qdown_kernel).
+// work before that point may only touch constant data (weights, recurrent state of this layer,
+// the step's position: attn_len), or speculate on a value an earlier kernel writes and check it
+// after the wait (qdown_kernel).
 // pdl_trigger() lets the next kernel launch early. Both are no-ops before sm_90.
 static __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -31,9 +31,10 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
         const int i = (int)threadIdx.x < half ? threadIdx.x : threadIdx.x - half;
         inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
     }
+    const int pos = attn_len(p) - 1;
     pdl_wait();
     TRACE_WAIT();
-    const int hd = p.hd, d = threadIdx.x, pos = *p.pos;
+    const int hd = p.hd, d = threadIdx.x;
     const bool isq = (int)blockIdx.x < p.n_heads;
     const int h = isq ? blockIdx.x : blockIdx.x - p.n_heads;
     float x = 0.f;
@@ -128,11 +129,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
               lane = tid & 31;
     TRACE_BEGIN();
     pdl_trigger();
+    const int L = attn_len(p);
     pdl_wait();
     TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (HD + 2);
     int start, end;
-    if (!attn_slice(p, sidx, G, part, start, end)) return;
+    if (!attn_slice(p, L, sidx, G, part, start, end)) return;
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         qs[i / HD][i % HD] = p.q_ws[((size_t)kvh * G + i / HD) * HD + i % HD];
         obuf[i / HD][i % HD] = 0.f;
@@ -294,11 +296,12 @@ __global__ void __launch_bounds__(AM_NW * 32)
                          (size_t)warp * NS * 2 * AM_KT * AM_HD * 2;
     TRACE_BEGIN();
     pdl_trigger();
+    const int L = attn_len(p);
     pdl_wait();
     TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
     int start, end;
-    if (!attn_slice(p, sidx, G, part, start, end)) return;
+    if (!attn_slice(p, L, sidx, G, part, start, end)) return;
     const int ntiles = (end - start + AM_KT - 1) / AM_KT;
     const size_t rowst = (size_t)p.n_kv * AM_HD; // elements
     const __nv_bfloat16 *kc = reinterpret_cast<const __nv_bfloat16 *>(p.kc) + (size_t)kvh * AM_HD +
@@ -474,11 +477,11 @@ __global__ void __launch_bounds__(AC_WARPS * 32)
     __shared__ float sm[3][AC_WARPS][32];
     TRACE_BEGIN();
     pdl_trigger();
+    const int L = attn_len(p), chunk = attn_chunk(L, p.splits);
     pdl_wait();
     TRACE_WAIT();
     const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = p.hd;
     const int d = blockIdx.y * 32 + lane;
-    const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);
     const int nact = min(p.splits, (L + chunk - 1) / chunk);
     const size_t stride = (size_t)p.n_heads * (hd + 2);
     const float *ph = p.part + (size_t)h * (hd + 2);

@@ -9,16 +9,24 @@
 int attn_split_q8_launch(struct attn_params *q, int sms, size_t smem_optin, cudaStream_t s,
                          struct wren_err *e);
 
-// Context slice [start, end) of split sidx: the length (read on the device) is cut into p.splits
-// slices rounded up to ATT_TILE tokens. An empty slice writes the neutral partial (m = -inf, l = 0)
-// for its G heads and returns false.
+// The context length of this step, read on the device so one captured graph serves every
+// position. The position is written before the step's first kernel starts (decode_set_pos_tok, or
+// the previous step's sampler) and not during it, so the kernels read it before their
+// programmatic-launch wait: a round trip less after it.
+static __device__ __forceinline__ int attn_len(const struct attn_params &p) {
+    return *p.pos + 1;
+}
+
+// Context slice [start, end) of split sidx: the length L is cut into p.splits slices rounded up to
+// ATT_TILE tokens. An empty slice writes the neutral partial (m = -inf, l = 0) for its G heads and
+// returns false.
 static __device__ __forceinline__ int attn_chunk(int L, int splits) {
     const int chunk = (L + splits - 1) / splits;
     return (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
 }
-static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, int sidx, int G,
-                                                  float *part, int &start, int &end) {
-    const int L = *p.pos + 1, chunk = attn_chunk(L, p.splits);
+static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, int L, int sidx,
+                                                  int G, float *part, int &start, int &end) {
+    const int chunk = attn_chunk(L, p.splits);
     start = sidx * chunk, end = min(L, start + chunk);
     if (start < end) return true;
     if ((int)threadIdx.x < G)

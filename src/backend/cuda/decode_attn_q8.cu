@@ -75,11 +75,12 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
     unsigned char *kvw = am_sm + (size_t)warp * AQ_NS * AQ_STAGE;
     TRACE_BEGIN();
     pdl_trigger();
+    const int L = attn_len(p);
     pdl_wait();
     TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
     int start, end;
-    if (!attn_slice(p, sidx, G, part, start, end)) return;
+    if (!attn_slice(p, L, sidx, G, part, start, end)) return;
     const int ntiles = (end - start + AM_KT - 1) / AM_KT;
     const size_t row = (size_t)p.kv_row;
     // A tile's copies: lane copies chunk cc of rows 2 i + cb (i < 8) of K and V, and one 16-byte
