@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(THREADS)
     case K:                                                                                        \
         JC_ADD(K, 0)                                                                               \
         JC_ADD(K, 1)                                                                               \
-        JC_ADD(K, 2) JC_ADD(K, 3) JC_ADD(K, 4) JC_ADD(K, 5) JC_ADD(K, 6) JC_ADD(K, 7) JC_ADD(K, 8) \
-            JC_ADD(K, 9) JC_ADD(K, 10) JC_ADD(K, 11) JC_ADD(K, 12) JC_ADD(K, 13) JC_ADD(K, 14)     \
+        JC_ADD(K, 2)                                                                               \
+        JC_ADD(K, 3) JC_ADD(K, 4) JC_ADD(K, 5) JC_ADD(K, 6) JC_ADD(K, 7) JC_ADD(K, 8) JC_ADD(K, 9) \
+            JC_ADD(K, 10) JC_ADD(K, 11) JC_ADD(K, 12) JC_ADD(K, 13) JC_ADD(K, 14)                  \
                 JC_ADD(K, 15) break;
 #define JC_8(B)                                                                                    \
     JC_CASE(B)                                                                                     \
