@@ -24,21 +24,28 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     TRACE_BEGIN();
     pdl_trigger();
     // the rotation's frequency (f64 pow, as the reference computes it) is constant: computed while
-    // the projection is still finishing (+0.4% decode at 4K, +0.7% at 128K)
-    const int half = p.rope_dim / 2;
-    float inv = 0.f;
-    if ((int)threadIdx.x < p.rope_dim) {
-        const int i = (int)threadIdx.x < half ? threadIdx.x : threadIdx.x - half;
-        inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
-    }
-    const int pos = attn_len(p) - 1;
-    pdl_wait();
-    TRACE_WAIT();
-    const int hd = p.hd, d = threadIdx.x;
+    // the projection is still finishing (+0.4% decode at 4K, +0.7% at 128K); so are the position
+    // (attn_len), hence the rotation's sin/cos, and the norm weights
+    const int hd = p.hd, d = threadIdx.x, half = p.rope_dim / 2;
     const bool isq = (int)blockIdx.x < p.n_heads;
     const int h = isq ? blockIdx.x : blockIdx.x - p.n_heads;
-    float x = 0.f;
+    const int pos = attn_len(p) - 1;
+    float sn = 0.f, cs = 0.f;
+    if (d < p.rope_dim) {
+        const int i = d < half ? d : d - half;
+        const float inv = (float)(1.0 / pow((double)p.rope_theta, (double)(2 * i) / p.rope_dim));
+        // the angle in f32 as the reference computes it; sin/cos in f64
+        const float ang = (float)pos * inv;
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        sn = (float)sd, cs = (float)cd;
+    }
+    const float nw = d < hd ? (isq ? p.q_norm : p.k_norm)[d] : 0.f;
+    pdl_wait();
+    TRACE_WAIT();
+    float x = 0.f, v = 0.f; // v (KV heads) requested with x: no round trip at the end
     if (d < hd) x = isq ? p.qg[(size_t)h * hd * (p.gate ? 2 : 1) + d] : p.k[(size_t)h * hd + d];
+    if (!isq && d < hd) v = p.v[(size_t)h * hd + d];
     float ss = x * x;
 #pragma unroll
     for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -46,25 +53,16 @@ __global__ void attn_prep_kernel(const __grid_constant__ struct attn_params p) {
     __syncthreads();
     ss = 0.f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) ss += red[w];
-    const float *nw = isq ? p.q_norm : p.k_norm;
-    if (d < hd) xs[d] = x * rsqrtf(ss / (float)hd + p.eps) * nw[d];
+    if (d < hd) xs[d] = x * rsqrtf(ss / (float)hd + p.eps) * nw;
     __syncthreads();
     float y = d < hd ? xs[d] : 0.f;
-    if (d < p.rope_dim) {
-        // the angle in f32 as the reference computes it; sin/cos in f64
-        const float ang = (float)pos * inv;
-        double sn, cs;
-        sincos((double)ang, &sn, &cs);
-        sn = (float)sn;
-        cs = (float)cs;
-        y = d < half ? (float)(xs[d] * cs - xs[d + half] * sn)
-                     : (float)(xs[d] * cs + xs[d - half] * sn);
-    }
+    if (d < p.rope_dim)
+        y = d < half ? (float)(xs[d] * (double)cs - xs[d + half] * (double)sn)
+                     : (float)(xs[d] * (double)cs + xs[d - half] * (double)sn);
     if (isq) {
         if (d < hd) p.q_ws[(size_t)h * hd + d] = y;
         return;
     }
-    const float v = d < hd ? p.v[(size_t)h * hd + d] : 0.f;
     unsigned char *kr = p.kc + (size_t)pos * p.kv_row, *vr = p.vc + (size_t)pos * p.kv_row;
     if (!p.kv_int8) {
         if (d < hd) {
