@@ -100,6 +100,7 @@ tail -1 /tmp/run_cuda.err
 echo "== real dimensions, 4 layers (3 DeltaNet + 1 attention): CPU vs CUDA decode vs CUDA prefill"
 # A random-weight model amplifies rounding through its layers (at 40 layers a float reassociation
 # moves the logits by ~10%: RESULTS.md, twenty-fourth session), so the paths are compared at 4.
+rm -rf /tmp/m4
 ./wren synth --preset qwen3.6-35b-a3b --no-vision --layers 4 --out /tmp/m4 | tail -1
 python3 -c "import json, random; random.seed(7); json.dump([random.randrange(248000) for _ in range(48)], open('/tmp/t48.json', 'w'))"
 ./wren logits -m /tmp/m4 --tokens-file /tmp/t48.json --out /tmp/m4.cpu.f32 --backend cpu > /dev/null || echo "logits cpu failed"

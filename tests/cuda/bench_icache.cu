@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(THREADS)
         JC_ADD(K, 0)                                                                               \
         JC_ADD(K, 1)                                                                               \
         JC_ADD(K, 2)                                                                               \
-        JC_ADD(K, 3) JC_ADD(K, 4) JC_ADD(K, 5) JC_ADD(K, 6) JC_ADD(K, 7) JC_ADD(K, 8) JC_ADD(K, 9) \
+        JC_ADD(K, 3)                                                                               \
+        JC_ADD(K, 4) JC_ADD(K, 5) JC_ADD(K, 6) JC_ADD(K, 7) JC_ADD(K, 8) JC_ADD(K, 9)              \
             JC_ADD(K, 10) JC_ADD(K, 11) JC_ADD(K, 12) JC_ADD(K, 13) JC_ADD(K, 14)                  \
                 JC_ADD(K, 15) break;
 #define JC_8(B)                                                                                    \
@@ -97,6 +98,7 @@ struct ctx {
     float *out;
     long long *cyc, *host;
     int threads; // of the last launch
+    double mhz;  // SM clock, for the microseconds column
     uint8_t *flush;
     size_t flush_bytes;
 };
@@ -121,8 +123,10 @@ void flush_l2(const ctx &c) {
     CK(cudaMemset(c.flush, 1, c.flush_bytes));
 }
 
-template <int N> void row(ctx &c, kfn evict, int evict_n) {
-    kfn k = code_kernel<N, 0>;
+// kernel N from HBM, twice in one launch, launched again at once, after another kernel of N and
+// after a 256 KB kernel (code from the L2)
+template <int N> void row(ctx &c) {
+    kfn k = code_kernel<N, 0>, evict = code_kernel<16384, 2>;
     flush_l2(c);
     launch(c, evict, 1);
     flush_l2(c);
@@ -141,8 +145,7 @@ template <int N> void row(ctx &c, kfn evict, int evict_n) {
     CK(cudaDeviceSynchronize());
     const double l2 = cpi(c, N, 0);
     printf("%6d %7d | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %7.2f\n", N, N * 16 / 1024, hbm,
-           warm1, warm2, again, after_same, l2, (l2 - warm1) * N / 1.98e3);
-    (void)evict_n;
+           warm1, warm2, again, after_same, l2, (l2 - warm1) * N / c.mhz);
 }
 
 // N = 2048 (32 KB) again after kernels of E instructions: the SM's capacity across launches
@@ -161,12 +164,16 @@ template <int E> void evict_row(ctx &c) {
 
 int main() {
     ctx c;
+    int khz = 0;
     CK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+    c.mhz = khz / 1e3;
     c.flush_bytes = (size_t)256 << 20;
     CK(cudaMalloc(&c.out, THREADS * sizeof(float)));
     CK(cudaMalloc(&c.cyc, sizeof(long long) * c.sms * (THREADS / 32) * PASSES));
     CK(cudaMalloc(&c.flush, c.flush_bytes));
     c.host = (long long *)malloc(sizeof(long long) * c.sms * (THREADS / 32) * PASSES);
+    DIE_IF(!c.host, "out of host memory");
     // first launches load the modules
     launch(c, code_kernel<512, 0>, 1);
     launch(c, code_kernel<16384, 2>, 1);
@@ -175,13 +182,12 @@ int main() {
            c.sms, THREADS);
     printf("     N      KB |  HBM p0   same p1  same p2 |  again   after=N  after256K | "
            "us lost (L2)\n");
-    kfn ev = code_kernel<16384, 2>;
-    row<512>(c, ev, 16384);
-    row<1024>(c, ev, 16384);
-    row<2048>(c, ev, 16384);
-    row<4096>(c, ev, 16384);
-    row<8192>(c, ev, 16384);
-    row<16384>(c, ev, 16384);
+    row<512>(c);
+    row<1024>(c);
+    row<2048>(c);
+    row<4096>(c);
+    row<8192>(c);
+    row<16384>(c);
     printf("a 32 KB kernel launched again after other code:\n");
     evict_row<512>(c);
     evict_row<1024>(c);
