@@ -18,13 +18,17 @@ struct bench_opts {
     int gen;    // tokens generated per decode measurement
     int repeat; // measurements per length (best is reported)
     const char *json;
+    struct sampler_params sampling; // decode's sampler: greedy unless a sampling option is given
 };
 
 static void usage(void) {
     printf("usage: wren bench -m DIR [--prefill 256,1K,...] [--decode 256,1K,...] [options]\n"
            "  --gen N                  tokens generated per decode measurement (default 64)\n"
            "  --repeat N               runs per length, the best is reported (default 2)\n"
-           "  --json FILE              also write the results as JSON\n" OPT_ENGINE_HELP);
+           "  --json FILE              also write the results as JSON\n"
+           "  --temp T, --top-k K, --top-p P, --min-p P\n"
+           "                           decode with this sampler instead of greedy (the cheapest)\n"
+           "                           to measure what sampling costs; seed 1\n" OPT_ENGINE_HELP);
 }
 
 // Deterministic pseudo-random prompt ids below the model's vocabulary.
@@ -70,15 +74,14 @@ static int count_cb(void *ud, const struct sampled_token *t) {
     return 0;
 }
 
-static int run_decode(struct wren_engine *en, int ctx, int gen, int repeat, struct result *r,
-                      struct wren_err *e) {
+static int run_decode(struct wren_engine *en, const struct sampler_params *sp, int ctx, int gen,
+                      int repeat, struct result *r, struct wren_err *e) {
     int32_t *tok = xmalloc(sizeof(int32_t) * (size_t)ctx);
     fill_tokens(tok, ctx, wren_engine_config(en)->vocab);
     r->len = ctx, r->sec = 1e30;
     struct wren_session *s = wren_session_new(en, ctx + gen * repeat + 2, e);
     int rc = s ? wren_session_feed(s, tok, ctx, NULL, false, NULL, NULL, e) : -1;
-    struct sampler_params p = sampler_defaults();
-    p.temperature = 0; // greedy: the cheapest sampler, so the number is the model's
+    struct sampler_params p = *sp;
     p.n_vocab = wren_engine_config(en)->vocab;
     // Untimed warm-up: a generation leaves its last token unfed, and the next one feeds it first,
     // so after this every timed call runs exactly one forward pass per token it returns.
@@ -98,8 +101,8 @@ static int run_decode(struct wren_engine *en, int ctx, int gen, int repeat, stru
     return rc;
 }
 
-static int write_json(const char *path, struct wren_engine *en, const struct result *pre, int n_pre,
-                      const struct result *dec, int n_dec) {
+static int write_json(const char *path, struct wren_engine *en, const struct sampler_params *sp,
+                      const struct result *pre, int n_pre, const struct result *dec, int n_dec) {
     cJSON *root = cJSON_CreateObject(), *arr;
     cJSON_AddStringToObject(root, "model", wren_engine_model_dir(en));
     cJSON_AddStringToObject(root, "backend", wren_engine_backend(en));
@@ -113,6 +116,11 @@ static int write_json(const char *path, struct wren_engine *en, const struct res
         cJSON_AddNumberToObject(r, "tflops", pre[i].ratio);
         cJSON_AddItemToArray(arr, r);
     }
+    cJSON *smp = cJSON_AddObjectToObject(root, "decode_sampler");
+    cJSON_AddNumberToObject(smp, "temperature", sp->temperature);
+    cJSON_AddNumberToObject(smp, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(smp, "top_p", sp->top_p);
+    cJSON_AddNumberToObject(smp, "min_p", sp->min_p);
     arr = cJSON_AddArrayToObject(root, "decode");
     for (int i = 0; i < n_dec; i++) {
         cJSON *r = cJSON_CreateObject();
@@ -133,7 +141,9 @@ static int write_json(const char *path, struct wren_engine *en, const struct res
 }
 
 int cmd_bench(int argc, char **argv) {
-    struct bench_opts o = {.gen = 64, .repeat = 2};
+    struct bench_opts o = {.gen = 64, .repeat = 2, .sampling = sampler_defaults()};
+    o.sampling.temperature = 0; // greedy: the cheapest sampler, so the number is the model's
+    o.sampling.seed = 1;
     for (int i = 1; i < argc; i++) {
         int r = opt_engine(&o.eng, argc, argv, &i);
         if (r < 0) return 2;
@@ -156,6 +166,22 @@ int cmd_bench(int argc, char **argv) {
                 return 2;
         } else if (!strncmp(argv[i], "--json", 6)) {
             if (!(o.json = opt_value(argc, argv, &i))) return 2;
+        } else if (!strncmp(argv[i], "--temp", 6)) {
+            if (!(v = opt_value(argc, argv, &i)) ||
+                opt_float_in("--temp", v, 0, 100, &o.sampling.temperature))
+                return 2;
+        } else if (!strncmp(argv[i], "--top-k", 7)) {
+            if (!(v = opt_value(argc, argv, &i)) ||
+                opt_int("--top-k", v, 0, 1 << 30, &o.sampling.top_k))
+                return 2;
+        } else if (!strncmp(argv[i], "--top-p", 7)) {
+            if (!(v = opt_value(argc, argv, &i)) ||
+                opt_float_in("--top-p", v, 1e-6f, 1, &o.sampling.top_p))
+                return 2;
+        } else if (!strncmp(argv[i], "--min-p", 7)) {
+            if (!(v = opt_value(argc, argv, &i)) ||
+                opt_float_in("--min-p", v, 0, 1, &o.sampling.min_p))
+                return 2;
         } else {
             fprintf(stderr, "wren bench: unknown option '%s'\n", argv[i]);
             return 2;
@@ -195,17 +221,22 @@ int cmd_bench(int argc, char **argv) {
                    pre[i].ratio);
         fflush(stdout);
     }
-    if (o.n_decode && !rc)
+    if (o.n_decode && !rc) {
+        const struct sampler_params *sp = &o.sampling;
+        if (sp->temperature > 0)
+            printf("sampler: temperature %g, top-k %d, top-p %g, min-p %g\n", sp->temperature,
+                   sp->top_k, sp->top_p, sp->min_p);
         printf("%-10s %12s %12s %10s\n", "decode@ctx", "tokens/s", "ms/token", "GB/s");
+    }
     for (int i = 0; i < o.n_decode && !rc; i++) {
-        rc = run_decode(en, o.decode[i], o.gen, o.repeat, &dec[i], &e);
+        rc = run_decode(en, &o.sampling, o.decode[i], o.gen, o.repeat, &dec[i], &e);
         if (!rc)
             printf("%-10d %12.1f %12.3f %10.1f\n", dec[i].len, dec[i].tok_s, dec[i].sec * 1e3,
                    dec[i].ratio);
         fflush(stdout);
     }
     if (rc) fprintf(stderr, "wren bench: %s\n", e.msg);
-    if (!rc && o.json && write_json(o.json, en, pre, o.n_prefill, dec, o.n_decode)) {
+    if (!rc && o.json && write_json(o.json, en, &o.sampling, pre, o.n_prefill, dec, o.n_decode)) {
         fprintf(stderr, "wren bench: cannot write %s\n", o.json);
         rc = -1;
     }

@@ -38,6 +38,7 @@ const char *opt_value(int argc, char **argv, int *i);
 // Parses an integer/float option value, printing an error naming the option when invalid.
 int opt_int(const char *name, const char *v, long lo, long hi, int *out);
 int opt_float(const char *name, const char *v, float *out);
+int opt_float_in(const char *name, const char *v, float lo, float hi, float *out);
 // Parses a comma-separated list of positive integers ("256,1K,4k" allowed). Returns count or -1.
 int opt_int_list(const char *name, const char *v, int *out, int max);
 // Reads a JSON array of token ids. Returns count or -1 (error in e).

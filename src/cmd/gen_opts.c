@@ -18,17 +18,6 @@ static bool is(const char *arg, const char *name) {
     return !strncmp(arg, name, n) && (arg[n] == 0 || arg[n] == '=');
 }
 
-static int float_in(const char *name, const char *v, float lo, float hi, float *out) {
-    float x;
-    if (opt_float(name, v, &x)) return -1;
-    if (x < lo || x > hi) {
-        fprintf(stderr, "wren: %s: expected a number in [%g, %g], got '%s'\n", name, lo, hi, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 static int parse_seed(const char *v, uint64_t *out) {
     char *end;
     errno = 0;
@@ -75,23 +64,24 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(name, "--max-tokens"))
         bad = opt_int(name, v, 1, 1 << 30, &o->max_tokens);
     else if (!strcmp(name, "--temp") || !strcmp(name, "--temperature"))
-        bad = float_in(name, v, 0, 100, &p->temperature), o->set |= SAMPLER_SET_TEMPERATURE;
+        bad = opt_float_in(name, v, 0, 100, &p->temperature), o->set |= SAMPLER_SET_TEMPERATURE;
     else if (!strcmp(name, "--top-k"))
         bad = opt_int(name, v, 0, 1 << 30, &p->top_k), o->set |= SAMPLER_SET_TOP_K;
     else if (!strcmp(name, "--top-p")) {
-        bad = float_in(name, v, 0, 1, &p->top_p), o->set |= SAMPLER_SET_TOP_P;
+        bad = opt_float_in(name, v, 0, 1, &p->top_p), o->set |= SAMPLER_SET_TOP_P;
         if (!bad && p->top_p <= 0) {
             fprintf(stderr, "wren: --top-p: expected a number in (0, 1], got '%s'\n", v);
             bad = -1;
         }
     } else if (!strcmp(name, "--min-p"))
-        bad = float_in(name, v, 0, 1, &p->min_p), o->set |= SAMPLER_SET_MIN_P;
+        bad = opt_float_in(name, v, 0, 1, &p->min_p), o->set |= SAMPLER_SET_MIN_P;
     else if (!strcmp(name, "--presence-penalty"))
-        bad = float_in(name, v, -2, 2, &p->presence_penalty), o->set |= SAMPLER_SET_PRESENCE;
+        bad = opt_float_in(name, v, -2, 2, &p->presence_penalty), o->set |= SAMPLER_SET_PRESENCE;
     else if (!strcmp(name, "--frequency-penalty"))
-        bad = float_in(name, v, -2, 2, &p->frequency_penalty), o->set |= SAMPLER_SET_FREQUENCY;
+        bad = opt_float_in(name, v, -2, 2, &p->frequency_penalty), o->set |= SAMPLER_SET_FREQUENCY;
     else if (!strcmp(name, "--repetition-penalty")) {
-        bad = float_in(name, v, 0, 100, &p->repetition_penalty), o->set |= SAMPLER_SET_REPETITION;
+        bad = opt_float_in(name, v, 0, 100, &p->repetition_penalty),
+        o->set |= SAMPLER_SET_REPETITION;
         if (!bad && p->repetition_penalty <= 0) {
             fprintf(stderr, "wren: --repetition-penalty: expected a positive number\n");
             bad = -1;

@@ -49,6 +49,17 @@ int opt_float(const char *name, const char *v, float *out) {
     return 0;
 }
 
+int opt_float_in(const char *name, const char *v, float lo, float hi, float *out) {
+    float x;
+    if (opt_float(name, v, &x)) return -1;
+    if (x < lo || x > hi) {
+        fprintf(stderr, "wren: %s: expected a number in [%g, %g], got '%s'\n", name, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 int opt_int_list(const char *name, const char *v, int *out, int max) {
     int n = 0;
     const char *p = v;

@@ -1,6 +1,7 @@
 // GPU sampler checks: greedy = argmax (ties to the lower id, ids >= n_vocab never chosen), the
 // counters it advances, penalties against a host computation, top-k / top-p / min-p support and
-// frequencies over many draws, determinism per seed, and logprobs.
+// frequencies over many draws, determinism per seed, and logprobs; the top-k kernel against the
+// one-block kernel draw for draw (ties at a block's cut included).
 #include <algorithm>
 #include <map>
 #include <set>
@@ -22,7 +23,7 @@ static struct sbuf mk(int vocab) {
     struct sbuf b;
     b.vocab = vocab;
     CK(cudaMalloc(&b.logits, vocab * 4));
-    CK(cudaMalloc(&b.work, vocab * 4));
+    CK(cudaMalloc(&b.work, sample_work_bytes(vocab)));
     CK(cudaMalloc(&b.counts, vocab * 4));
     CK(cudaMalloc(&b.seen, vocab));
     CK(cudaMalloc(&b.step, 4));
@@ -182,6 +183,71 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     check_true(name, same);
 }
 
+// The top-k kernel and the one-block kernel on the same logits and steps: the same tokens, and the
+// same logprobs and top alternatives when asked. ties: 100 equal best logits across the first
+// block boundary (the top-k kernel hands over to the one-block sampler); flat: most logits equal
+// (padding rows), below the kept ones.
+static void t_same(const char *what, int V, float temp, int top_k, float top_p, float min_p,
+                   bool pens, int n_logprobs, int ties, bool flat, int n) {
+    struct sbuf b = mk(V);
+    std::vector<float> l = rnd_vec(V, -2, 2);
+    if (flat) std::fill(l.begin(), l.end(), 0.f);
+    for (int i = 0; i < 30; i++) l[rnd_u32() % V] += 3.f + (float)(rnd_u32() % 300) / 100.f;
+    for (int i = 0; i < ties; i++) l[2000 + i] = 8.f;
+    CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
+    std::vector<int> counts(V, 0);
+    std::vector<uint8_t> seen(V, 0);
+    if (pens) {
+        for (int i = 0; i < 300; i++)
+            counts[rnd_u32() % V] += 1 + rnd_u32() % 3, seen[rnd_u32() % V] = 1;
+        for (int i = 0; i < 40; i++) seen[2000 + (int)(rnd_u32() % 200)] = 1;
+    }
+    struct sample_params p = base(b);
+    p.temperature = temp, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p, p.seed = 11;
+    p.n_logprobs = n_logprobs;
+    if (pens) p.repetition = 1.2f, p.presence = 0.3f, p.frequency = 0.2f;
+    p.advance_pos = 0;
+    int same = 0, inties = 0;
+    double worst_lp = 0;
+    bool tops = true;
+    for (int i = 0; i < n; i++) {
+        // the same step for both (the RNG stream) and the same penalty state (emit records the
+        // token in both)
+        struct sampled_token r[2];
+        for (int k = 0; k < 2; k++) {
+            CK(cudaMemcpy(b.step, &i, 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(b.counts, counts.data(), V * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(b.seen, seen.data(), V, cudaMemcpyHostToDevice));
+            p.one_block = k == 1;
+            draw(p, b);
+            r[k] = b.ring[i % 8];
+        }
+        same += r[0].id == r[1].id;
+        inties += r[0].id >= 2000 && r[0].id < 2000 + ties;
+        if (n_logprobs >= 0) {
+            worst_lp = fmax(worst_lp, fabs(r[0].logprob - r[1].logprob));
+            tops &= r[0].n_top == r[1].n_top;
+            for (int j = 0; j < r[0].n_top && j < r[1].n_top; j++)
+                tops &= r[0].top_id[j] == r[1].top_id[j] &&
+                        fabs(r[0].top_logprob[j] - r[1].top_logprob[j]) < 1e-4;
+        }
+    }
+    char name[200];
+    snprintf(name, sizeof name, "%s: top-k kernel = one-block kernel on %d of %d draws", what, same,
+             n);
+    check_true(name, same == n);
+    if (ties) {
+        snprintf(name, sizeof name, "%s: %d of %d draws among the %d tied best", what, inties, n,
+                 ties);
+        check_true(name, inties == n);
+    }
+    if (n_logprobs >= 0) {
+        snprintf(name, sizeof name, "%s: logprobs within %.1e, the same top %d", what, worst_lp,
+                 n_logprobs);
+        check_true(name, worst_lp < 1e-4 && tops);
+    }
+}
+
 int main(void) {
     init_device();
     t_greedy(1000);
@@ -192,5 +258,17 @@ int main(void) {
     t_dist("top-p 0.6 temp 0.7", 400, 0.7f, 0, 0.6f, 0.f, 20000);
     t_dist("min-p 0.1", 400, 1.f, 0, 1.f, 0.1f, 20000);
     t_dist("top-k 20 top-p 0.8 min-p 0.05", 248320, 0.7f, 20, 0.8f, 0.05f, 3000);
+    t_dist("top-k 40 temp 1", 248320, 1.f, 40, 1.f, 0.f, 3000);
+    t_same("top-k 20 top-p 0.95", 248320, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
+    t_same("top-k 64 temp 0.6 min-p 0.02 + penalties", 248320, 0.6f, 64, 1.f, 0.02f, true, -1, 0,
+           false, 200);
+    t_same("top-k 5 temp 1.3 + logprobs 20", 248320, 1.3f, 5, 0.9f, 0.f, false, 20, 0, false, 100);
+    t_same("greedy + penalties + logprobs 5", 248320, 0.f, 0, 1.f, 0.f, true, 5, 0, false, 20);
+    t_same("top-k 20, 100 tied best across a block boundary", 248320, 1.f, 20, 1.f, 0.f, false, -1,
+           100, false, 200);
+    t_same("top-k 20, flat logits", 248320, 0.8f, 20, 0.9f, 0.f, false, 3, 0, true, 200);
+    t_same("top-k 20, vocab 1000 (one block)", 1000, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
+    t_same("top-k 30, vocab 5000 (partial last block)", 5000, 1.f, 30, 0.95f, 0.f, true, 2, 0,
+           false, 200);
     return finish("check_decode_sample");
 }

@@ -36,7 +36,8 @@ struct cuda_backend {
     int n_allocs, cap_allocs;
     cudaEvent_t ev[RING_N];
     size_t state_bytes_peak, state_bytes_now;
-    bool kv_int8; // states cache K/V as int8 rows (kv_int8.cuh)
+    bool kv_int8;    // states cache K/V as int8 rows (kv_int8.cuh)
+    bool one_sample; // WREN_CUDA_DECODE=onesample: the one-block sampler for every sampled call
 };
 
 static struct cuda_backend *cb_of(struct backend *b) {
@@ -276,7 +277,7 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
         {(void **)&w->tok, 4},
         {(void **)&w->counts, (size_t)c->vocab * 4},
         {(void **)&w->seen, (size_t)c->vocab},
-        {(void **)&w->work, (size_t)c->vocab * 4},
+        {(void **)&w->work, sample_work_bytes(c->vocab)},
         {(void **)&w->argmax, 8},
         {(void **)&w->scounter, 4},
     };
@@ -477,6 +478,7 @@ static void fill_sample_params(struct cuda_backend *cb, struct bstate *s,
     sp->top_k = p->top_k;
     sp->n_logprobs = p->n_logprobs;
     sp->seed = p->seed;
+    sp->one_block = cb->one_sample;
     sp->counts = w->counts;
     sp->seen = w->seen;
     sp->work = w->work;
@@ -761,8 +763,9 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         return NULL;
     }
     // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl", "f32gemv", "dnslices",
-    // "nostream", "nosplit"
+    // "nostream", "nosplit", "onesample"
     const char *dflags = getenv("WREN_CUDA_DECODE");
+    cb->one_sample = dflags && strstr(dflags, "onesample");
     struct decode_config dc;
     dc.sm_count = prop.multiProcessorCount;
     dc.smem_optin = cb->cx.smem_optin;

@@ -182,9 +182,10 @@ struct sample_params {
     int top_k;
     int n_logprobs; // < 0: none
     uint64_t seed;
+    bool one_block;             // the one-block kernel where the top-k one would run (comparisons)
     int *counts;                // [vocab] generated-token counts (device)
     uint8_t *seen;              // [vocab] prompt + generated (repetition penalty)
-    float *work;                // [vocab] scratch
+    float *work;                // scratch of sample_work_bytes(vocab)
     unsigned long long *argmax; // greedy scratch (reset by the finisher)
     unsigned *counter;          // block ticket (greedy)
     int32_t *tok_out;           // next step's input token
@@ -195,6 +196,7 @@ struct sample_params {
     int ring_n;
 };
 int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e);
+size_t sample_work_bytes(int vocab);
 
 // ---- The decode step -------------------------------------------------------------------------
 // Activation workspace of one backend (shared by its states: steps never run concurrently).
@@ -210,7 +212,7 @@ struct decode_ws {
     int32_t *tok;    // the step's input token
     int *counts;     // sampler: generated-token counts
     uint8_t *seen;   // sampler: ids in prompt + generated
-    float *work;     // sampler scratch [vocab]
+    float *work;     // sampler scratch (sample_work_bytes)
     unsigned long long *argmax;
     unsigned *scounter;
     struct sampled_token *ring, *ring_dev; // host-mapped ring (host and device views)

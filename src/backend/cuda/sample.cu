@@ -1,9 +1,12 @@
 // Token sampling on the GPU. The chosen id goes straight into the next step's input buffer and
 // into a host-mapped ring (read by the host a step later), so a captured decode step never waits
-// for the host. Greedy without penalties: a grid-wide argmax. Everything else: one block that
-// applies the penalties (device-side counts), temperature, then top-k, top-p and min-p — each a
-// threshold on the scaled logit found by radix selection (by count for top-k, by probability mass
-// for top-p) — and draws from the kept set in id order with a counter-based RNG (seed, step).
+// for the host. Greedy without penalties: a grid-wide argmax. With a top-k of at most TS_KMAX (the
+// models' own defaults, e.g. 20), or greedy with penalties or logprobs: a grid of blocks that each
+// keep their slice's best candidates, the last one to finish selecting from them
+// (sample_topk_kernel). Everything else: one block that applies the penalties (device-side counts),
+// temperature, then top-k, top-p and min-p — each a threshold on the scaled logit found by radix
+// selection (by count for top-k, by probability mass for top-p). Both draw from the kept set in id
+// order with a counter-based RNG (seed, step).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -25,6 +28,18 @@ static __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
+}
+
+// Logit i with the penalties (HF repetition over prompt + generated; OpenAI presence/frequency over
+// generated). The counts are read only when a count penalty is on (l - 0 is l).
+static __device__ __forceinline__ float pen_logit(const struct sample_params &p, int i) {
+    float l = p.logits[i];
+    if (p.repetition != 1.f && p.seen[i]) l = l > 0.f ? l / p.repetition : l * p.repetition;
+    if (p.frequency != 0.f || p.presence != 0.f) {
+        const int c = p.counts[i];
+        if (c) l -= p.frequency * (float)c + p.presence;
+    }
+    return l;
 }
 
 // Records the chosen token: ring slot, next input, counts, step and position counters.
@@ -135,18 +150,15 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
     return prefix;
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_full_kernel(const __grid_constant__ struct sample_params p) {
+// The whole sampler in one block of SAMPLE_THREADS threads.
+static __device__ void sample_full(const struct sample_params &p) {
     __shared__ samp_smem sm;
     const int n = p.n_vocab, tid = threadIdx.x;
     // penalties (HF repetition over prompt + generated; OpenAI presence/frequency over generated)
     float mx = -INFINITY;
     int mi = 0x7fffffff;
     for (int i = tid; i < n; i += blockDim.x) {
-        float l = p.logits[i];
-        if (p.repetition != 1.f && p.seen[i]) l = l > 0.f ? l / p.repetition : l * p.repetition;
-        int c = p.counts[i];
-        if (c) l -= p.frequency * (float)c + p.presence;
+        const float l = pen_logit(p, i);
         p.work[i] = l;
         if (l > mx) mx = l, mi = i;
     }
@@ -265,10 +277,326 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (tid == 0) emit(p, tok, lp, ntop, sm.cand_id, sm.cand_v);
 }
 
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_full_kernel(const __grid_constant__ struct sample_params p) {
+    sample_full(p);
+}
+
+// ---- top-k sampler: every block keeps its slice's best, the last block selects --------------
+// Block b takes ids [b TS_ELEMS, (b + 1) TS_ELEMS) and keeps its first kc (the candidate count:
+// top-k, top logprobs, 1 for greedy) in the order (penalised logit desc, id asc), with the scaled
+// key of its next one and its (max, sum of exp) for the log-partition. That order is total and the
+// same in every block, so the global first kc are among the blocks' first kc. Top-k keeps every id
+// whose scaled key reaches the top_k-th's (ties included): an id past a block's cut can reach it
+// only if that block's next key does, and then (identical logits tied at the cut), or when the
+// kept set outgrows TS_CHUNK, the last block runs the one-block sampler instead.
+// The selection is a sort of 128 keys per warp in registers (bitonic, by shuffles) and a
+// tournament between the warps (the top 128 of two sorted chunks is the elementwise max of one and
+// the other reversed, a bitonic sequence), so a block needs five barriers, not a sort of its slice
+// in shared memory (~13 us on an H200).
+#define TS_PER   4 // keys per lane: a warp sorts TS_CHUNK
+#define TS_CHUNK (TS_PER * 32)
+#define TS_WARPS (SAMPLE_THREADS / 32)
+#define TS_ELEMS (TS_CHUNK * TS_WARPS) // ids per block
+#define TS_KMAX  64                    // the largest candidate count this path takes (< TS_CHUNK)
+
+typedef unsigned long long u64;
+
+static __host__ __device__ __forceinline__ int ts_blocks(int n) {
+    return (n + TS_ELEMS - 1) / TS_ELEMS;
+}
+// Candidates per block (<= n).
+static __host__ __device__ __forceinline__ int ts_kc(const struct sample_params &p) {
+    int kc = p.temperature > 0.f ? p.top_k : 1;
+    if (p.n_logprobs > kc)
+        kc = p.n_logprobs < WREN_MAX_TOP_LOGPROBS ? p.n_logprobs : WREN_MAX_TOP_LOGPROBS;
+    return kc < p.n_vocab ? kc : p.n_vocab;
+}
+// Scratch in p.work: [nb][TS_KMAX] candidate keys, [nb] (max, sum of exp), [nb] next keys.
+struct ts_scratch {
+    u64 *cand;
+    float2 *part;
+    uint32_t *next;
+};
+static __host__ __device__ __forceinline__ ts_scratch ts_layout(void *work, int nb) {
+    ts_scratch t;
+    t.cand = reinterpret_cast<u64 *>(work);
+    t.part = reinterpret_cast<float2 *>(t.cand + (size_t)nb * TS_KMAX);
+    t.next = reinterpret_cast<uint32_t *>(t.part + nb);
+    return t;
+}
+
+size_t sample_work_bytes(int vocab) {
+    const size_t nb = (size_t)ts_blocks(vocab);
+    const size_t fast = nb * TS_KMAX * 8 + nb * 8 + nb * 4, full = (size_t)vocab * 4;
+    return fast > full ? fast : full;
+}
+
+// Whether the top-k kernel takes this call (not plain greedy: the argmax kernel is cheaper): a
+// top-k when sampling, and all blocks' candidates within one block's keys.
+static bool ts_eligible(const struct sample_params &p) {
+    if (p.n_vocab < 1 || (p.temperature > 0.f && p.top_k < 1)) return false;
+    const int kc = ts_kc(p);
+    return kc >= 1 && kc <= TS_KMAX && (size_t)ts_blocks(p.n_vocab) * kc <= TS_ELEMS;
+}
+
+static __device__ __forceinline__ u64 ts_key(float l, int i) {
+    return ((u64)fkey(l) << 32) | (0xFFFFFFFFu - (uint32_t)i);
+}
+static __device__ __forceinline__ float ts_l(u64 k) {
+    return kfloat((uint32_t)(k >> 32));
+}
+static __device__ __forceinline__ int ts_id(u64 k) {
+    return (int)(0xFFFFFFFFu - (uint32_t)k);
+}
+// The key top-k, top-p and min-p compare: of the logit scaled by 1 / temperature (v = l sc, as
+// the one-block kernel computes it).
+static __device__ __forceinline__ uint32_t ts_skey(u64 k, float sc) {
+    return fkey(ts_l(k) * sc);
+}
+
+static __device__ __forceinline__ u64 shfl_xor64(u64 v, int m) {
+    const uint32_t lo = __shfl_xor_sync(0xffffffffu, (uint32_t)v, m);
+    const uint32_t hi = __shfl_xor_sync(0xffffffffu, (uint32_t)(v >> 32), m);
+    return ((u64)hi << 32) | lo;
+}
+
+// One bitonic stage over the warp's chunk (element e = 32 r + lane) towards descending order:
+// pairs (e, e ^ j) within sequences of SIZE, descending where e & SIZE is 0.
+template <int SIZE, int J> static __device__ __forceinline__ void ts_stage(u64 (&k)[TS_PER]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) {
+        const bool desc = ((r * 32 + lane) & SIZE) == 0;
+        if constexpr (J >= 32) {
+            constexpr int d = J / 32;
+            if ((r & d) == 0) { // the pair (r, r + d) once, from its lower element
+                const u64 a = k[r], b = k[r + d];
+                if (desc ? a < b : a > b) k[r] = b, k[r + d] = a;
+            }
+        } else {
+            const u64 o = shfl_xor64(k[r], J);
+            const bool lower = (lane & J) == 0;
+            const u64 mx = k[r] > o ? k[r] : o, mn = k[r] > o ? o : k[r];
+            k[r] = lower == desc ? mx : mn;
+        }
+    }
+}
+template <int SIZE, int J> static __device__ __forceinline__ void ts_merge(u64 (&k)[TS_PER]) {
+    ts_stage<SIZE, J>(k);
+    if constexpr (J > 1) ts_merge<SIZE, J / 2>(k);
+}
+template <int SIZE> static __device__ __forceinline__ void ts_sort(u64 (&k)[TS_PER]) {
+    if constexpr (SIZE > 2) ts_sort<SIZE / 2>(k);
+    ts_merge<SIZE, SIZE / 2>(k);
+}
+
+// The block's TS_ELEMS keys (k of every thread) -> the largest TS_CHUNK, descending, in warp 0's
+// k. sm: TS_ELEMS / 2 keys.
+static __device__ void ts_block_top(u64 (&k)[TS_PER], u64 *sm) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    ts_sort<TS_CHUNK>(k);
+    for (int w = TS_WARPS / 2; w >= 1; w >>= 1) {
+        if (warp >= w && warp < 2 * w)
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) sm[(warp - w) * TS_CHUNK + r * 32 + lane] = k[r];
+        __syncthreads();
+        if (warp < w) {
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) {
+                const u64 o = sm[warp * TS_CHUNK + TS_CHUNK - 1 - (r * 32 + lane)];
+                k[r] = k[r] > o ? k[r] : o;
+            }
+            ts_merge<TS_CHUNK * 2, TS_CHUNK / 2>(k); // SIZE past the chunk: all descending
+        }
+        __syncthreads();
+    }
+}
+
+// Warp 0: the number of leading entries of a[0, n) (n <= TS_CHUNK, keys not increasing) whose
+// scaled key is at least f.
+static __device__ int ts_prefix(const u64 *a, int n, float sc, uint32_t f) {
+    const int lane = threadIdx.x & 31;
+    int c = 0;
+    for (int r = 0; r < TS_PER; r++) {
+        const int j = r * 32 + lane;
+        c += __popc(__ballot_sync(0xffffffffu, j < n && ts_skey(a[j], sc) >= f));
+    }
+    return c;
+}
+
+// Warp 0: the first index of a[0, n) at which the running mass exp(v - vmax) exceeds target (n -
+// 1 if rounding leaves it short); with target < 0 only the total, into *total. by_id: a holds
+// (id, logit bits), else keys.
+static __device__ int ts_walk(const u64 *a, int n, float sc, float vmax, float target, bool by_id,
+                              float *total) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        const int j = c0 + lane;
+        float m = 0.f;
+        if (j < n) m = __expf((by_id ? __uint_as_float((uint32_t)a[j]) : ts_l(a[j])) * sc - vmax);
+        float inc = m; // inclusive scan over the chunk
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (target >= 0.f) {
+            const unsigned hit = __ballot_sync(0xffffffffu, j < n && acc + inc > target);
+            if (hit) return c0 + __ffs(hit) - 1;
+        }
+        acc += __shfl_sync(0xffffffffu, inc, 31);
+    }
+    if (total) *total = acc;
+    return n - 1;
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_topk_kernel(const __grid_constant__ struct sample_params p) {
+    __shared__ u64 sm[TS_ELEMS / 2];
+    __shared__ typename BRf::TempStorage tr;
+    __shared__ float bval;
+    __shared__ bool last, fallback;
+    __shared__ int top_id[WREN_MAX_TOP_LOGPROBS];
+    __shared__ float top_lp[WREN_MAX_TOP_LOGPROBS];
+    TRACE_BEGIN();
+    pdl_wait(); // launched early (programmatic launch): the logits come from the lm_head
+    TRACE_WAIT();
+    const int n = p.n_vocab, nb = gridDim.x, kc = ts_kc(p), tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const bool sampling = p.temperature > 0.f;
+    const float sc = sampling ? 1.f / p.temperature : 1.f;
+    const ts_scratch t = ts_layout(p.work, nb);
+    const int b0 = blockIdx.x * TS_ELEMS;
+    u64 k[TS_PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) {
+        const int i = b0 + warp * TS_CHUNK + r * 32 + lane;
+        k[r] = 0; // below every id's key
+        if (i < n) {
+            const float l = pen_logit(p, i);
+            k[r] = ts_key(l, i), mx = fmaxf(mx, l);
+        }
+    }
+    if (p.n_logprobs >= 0) { // this slice's part of the log-partition (temperature 1)
+        mx = BRf(tr).Reduce(mx, [](float a, float b) { return fmaxf(a, b); });
+        if (tid == 0) bval = mx;
+        __syncthreads();
+        mx = bval;
+        float z = 0.f;
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++)
+            if (k[r]) z += __expf(ts_l(k[r]) - mx);
+        z = BRf(tr).Sum(z);
+        if (tid == 0) t.part[blockIdx.x] = make_float2(mx, z);
+    }
+    ts_block_top(k, sm);
+    if (warp == 0)
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) {
+            const int j = r * 32 + lane;
+            if (j < kc) t.cand[(size_t)blockIdx.x * TS_KMAX + j] = k[r];
+            if (j == kc) t.next[blockIdx.x] = b0 + kc < n ? ts_skey(k[r], sc) : 0u;
+        }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(p.counter, 1u) == (unsigned)nb - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // the blocks' candidates -> the largest TS_CHUNK, descending, into sm[0, TS_CHUNK)
+    const int m = nb * kc;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) {
+        const int j = warp * TS_CHUNK + r * 32 + lane;
+        k[r] = j < m ? __ldcg(t.cand + (size_t)(j / kc) * TS_KMAX + j % kc) : 0ull;
+    }
+    ts_block_top(k, sm);
+    if (warp == 0)
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = k[r];
+    if (tid == 0) *p.counter = 0, fallback = false;
+    __syncthreads();
+    const int ntopc = m < TS_CHUNK ? m : TS_CHUNK;
+    // top-k keeps the keys at or above the top_k-th's (kc may be larger, for the logprobs)
+    const uint32_t tau = sampling ? ts_skey(sm[min(p.top_k, n) - 1], sc) : 0u;
+    if (sampling) {
+        for (int b = tid; b < nb; b += SAMPLE_THREADS)
+            if (__ldcg(t.next + b) >= tau) fallback = true;
+        if (tid == 0 && m > TS_CHUNK && ts_skey(sm[TS_CHUNK - 1], sc) >= tau) fallback = true;
+    }
+    __syncthreads();
+    if (fallback) {
+        sample_full(p);
+        return;
+    }
+    if (warp) return; // warp 0 finishes
+    float lse = 0.f;
+    int ntop = 0;
+    if (p.n_logprobs >= 0) {
+        float M = -INFINITY, Z = 0.f;
+        for (int b = lane; b < nb; b += 32) M = fmaxf(M, __ldcg(&t.part[b].x));
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        for (int b = lane; b < nb; b += 32) {
+            const float2 pb = __ldcg(t.part + b);
+            Z += pb.y * __expf(pb.x - M);
+        }
+        for (int o = 16; o; o >>= 1) Z += __shfl_xor_sync(0xffffffffu, Z, o);
+        lse = M + logf(Z);
+        ntop = min(min(p.n_logprobs, WREN_MAX_TOP_LOGPROBS), n);
+        if (lane < ntop) top_id[lane] = ts_id(sm[lane]), top_lp[lane] = ts_l(sm[lane]) - lse;
+    }
+    int tok = ts_id(sm[0]);
+    float ltok = ts_l(sm[0]);
+    if (sampling) {
+        const float vmax = ts_l(sm[0]) * sc;
+        uint32_t floor_key = tau;
+        // the top-k set is a prefix: the scaled keys do not increase along the (l, id) order
+        int keep = ts_prefix(sm, ntopc, sc, tau);
+        if (p.top_p < 1.f) { // the smallest prefix of whole key groups reaching top_p of the mass
+            float z = 0.f;
+            ts_walk(sm, keep, sc, vmax, -1.f, false, &z);
+            const int j = ts_walk(sm, keep, sc, vmax, fmaxf(p.top_p, 0.f) * z, false, NULL);
+            // mass(keys >= key_j) reaches the target and mass(keys > key_j) does not
+            const uint32_t tp = ts_skey(sm[j], sc);
+            floor_key = tp > floor_key ? tp : floor_key;
+        }
+        if (p.min_p > 0.f) {
+            const uint32_t tm = fkey(vmax + logf(p.min_p));
+            floor_key = tm > floor_key ? tm : floor_key;
+        }
+        keep = ts_prefix(sm, keep, sc, floor_key); // >= 1: the first id's key is vmax's
+        // draw in id order: (id, logit bits) ascending, sorted descending as their complements
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) {
+            const int j = r * 32 + lane;
+            k[r] = j < keep ? ~(((u64)ts_id(sm[j]) << 32) | __float_as_uint(ts_l(sm[j]))) : 0ull;
+        }
+        ts_sort<TS_CHUNK>(k);
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = ~k[r];
+        __syncwarp();
+        float total = 0.f;
+        ts_walk(sm, keep, sc, vmax, -1.f, true, &total);
+        const uint64_t rnd = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
+        const float target = (float)(rnd >> 40) * (1.f / 16777216.f) * total;
+        const int j = ts_walk(sm, keep, sc, vmax, target, true, NULL);
+        tok = (int)(sm[j] >> 32), ltok = __uint_as_float((uint32_t)sm[j]);
+    }
+    __syncwarp();
+    if (lane == 0) emit(p, tok, p.n_logprobs >= 0 ? ltok - lse : 0.f, ntop, top_id, top_lp);
+}
+
 int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {
     const bool plain_greedy = p->temperature <= 0.f && p->n_logprobs < 0 && p->presence == 0.f &&
                               p->frequency == 0.f && p->repetition == 1.f;
-    if (plain_greedy) {
+    if (!plain_greedy && !p->one_block && ts_eligible(*p)) {
+        CUDA_CHECK(pdl_launch(sample_topk_kernel, dim3(ts_blocks(p->n_vocab)), dim3(SAMPLE_THREADS),
+                              0, s, decode_pdl(), *p));
+    } else if (plain_greedy) {
         int nb = (p->n_vocab + ARGMAX_THREADS * 8 - 1) / (ARGMAX_THREADS * 8);
         if (nb > 1024) nb = 1024;
         if (nb < 1) nb = 1;
