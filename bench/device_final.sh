@@ -5,7 +5,8 @@
 #   2. every standalone CUDA kernel check (decode and prefill);
 #   3. CUDA vs CPU vs HF-reference logits on the tiny fixtures (both formats), greedy CLI runs,
 #      and CPU vs CUDA decode vs CUDA prefill on a 4-layer model of the real dimensions;
-#   4. wren bench --backend cuda on the full-size synthesized Qwen3.6-35B-A3B (prefill + decode);
+#   4. wren bench --backend cuda on the full-size synthesized Qwen3.6-35B-A3B (prefill + decode,
+#      and decode with the models' own sampler), and the sampler kernels alone (bench_sample);
 #   5. the per-node cost of an empty-kernel graph (check_decode_speed) for the decode analysis.
 # usage (on the GPU machine, in the pack): ./device_final.sh OUT_DIR
 set -u
@@ -126,6 +127,11 @@ echo "synthesized in $(( $(date +%s) - t0 )) s"
 timeout 400 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 \
   --prefill 256,512,1024,2048,4096,8192,16384,32768,65536,131072 \
   --decode 256,1024,4096,16384,32768,65536,131072 --json "$out/bench.json" 2>&1
+echo "== sampled decode (the models' own sampler: temperature 1, top-k 20, top-p 0.95)"
+timeout 300 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 --decode 4096,32768,131072 \
+  --temp 1 --top-k 20 --top-p 0.95 2>&1 | grep -E "^(sampler|decode|4096|32768|131072) "
+echo "== sampler kernels (us per call)"
+timeout 120 ./cuda_checks/bench_sample 2>&1
 echo "== decode GEMV kinds on the real shapes (us per launch, GB/s of weights)"
 timeout 120 ./cuda_checks/bench_decode_gemv 20 2>&1
 echo "== empty-graph node cost and decode breakdown"

@@ -1,8 +1,8 @@
-// What a token's sampling costs on the GPU, per path: the greedy argmax, the top-k kernel (top-k
-// 20 with top-p 0.95, the Qwen models' defaults; top-k 64 with min-p; greedy with logprobs) and
-// the one-block kernel on the same calls. Each path runs 100 times in a captured graph, as in the
-// decode step (programmatic launch where the card has it), over logits shaped like a model's: a
-// few hundred plausible ids well above a Gaussian bulk.
+// What a token's sampling costs on the GPU, per path: the greedy argmax, the candidate kernel
+// (top-k 20 with top-p 0.95, the Qwen models' defaults; top-k 64 with min-p; greedy with logprobs;
+// top-p without top-k; temperature alone) and the one-block kernel on the same calls. Each path
+// runs 100 times in a captured graph, as in the decode step (programmatic launch where the card has
+// it), over logits shaped like a model's: a few hundred plausible ids well above a Gaussian bulk.
 // usage: bench_sample [vocab]
 #include "common_check.cuh"
 
@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
         {"temperature 1, top-k 20, top-p 0.95", 1.f, 0.95f, 0.f, 20, -1},
         {"temperature 0.7, top-k 64, min-p 0.05", 0.7f, 1.f, 0.05f, 64, -1},
         {"temperature 0.7, top-p 0.9 (no top-k)", 0.7f, 0.9f, 0.f, 0, -1},
+        {"temperature 1 (no truncation)", 1.f, 1.f, 0.f, 0, -1},
     };
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

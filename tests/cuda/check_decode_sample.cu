@@ -1,7 +1,7 @@
 // GPU sampler checks: greedy = argmax (ties to the lower id, ids >= n_vocab never chosen), the
 // counters it advances, penalties against a host computation, top-k / top-p / min-p support and
 // frequencies over many draws, determinism per seed, and logprobs; the top-k kernel against the
-// one-block kernel draw for draw (ties at a block's cut included).
+// one-block kernel draw for draw (ties at a block's cut included) and how it drew.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -183,16 +183,27 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     check_true(name, same);
 }
 
-// The top-k kernel and the one-block kernel on the same logits and steps: the same tokens, and the
-// same logprobs and top alternatives when asked. ties: 100 equal best logits across the first
-// block boundary (the top-k kernel hands over to the one-block sampler); flat: most logits equal
-// (padding rows), below the kept ones.
+static uint64_t host_splitmix64(uint64_t x) { // the sampler's counter-based RNG, as specified
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// The candidate kernel and the one-block kernel on the same logits and steps: the same tokens (a
+// draw without a floor over a large vocabulary: each in the id whose interval of the cumulative
+// mass, in double on the host, holds the step's uniform, within f32 rounding: the two kernels sum
+// in different orders and ids are ~1e-6 of the mass apart), and the same logprobs and top
+// alternatives when asked; want_path: how the candidate kernel must have drawn (its `path`). ties:
+// 100 equal best logits across the first block boundary (it hands over to the one-block sampler);
+// flat: every logit 0 (padding rows) but the 30 raised by boost and up to 3 more.
 static void t_same(const char *what, int V, float temp, int top_k, float top_p, float min_p,
-                   bool pens, int n_logprobs, int ties, bool flat, int n) {
+                   bool pens, int n_logprobs, int ties, bool flat, int n, int want_path = 0,
+                   float boost = 3.f) {
     struct sbuf b = mk(V);
     std::vector<float> l = rnd_vec(V, -2, 2);
     if (flat) std::fill(l.begin(), l.end(), 0.f);
-    for (int i = 0; i < 30; i++) l[rnd_u32() % V] += 3.f + (float)(rnd_u32() % 300) / 100.f;
+    for (int i = 0; i < 30; i++) l[rnd_u32() % V] += boost + (float)(rnd_u32() % 300) / 100.f;
     for (int i = 0; i < ties; i++) l[2000 + i] = 8.f;
     CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
     std::vector<int> counts(V, 0);
@@ -207,7 +218,23 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
     p.n_logprobs = n_logprobs;
     if (pens) p.repetition = 1.2f, p.presence = 0.3f, p.frequency = 0.2f;
     p.advance_pos = 0;
-    int same = 0, inties = 0;
+    int *path;
+    CK(cudaMallocManaged(&path, 4));
+    int same = 0, inties = 0, paths = 0, exact = 0;
+    // the exact cumulative mass in id order (for draws without a floor)
+    std::vector<double> cum(V + 1, 0.0);
+    {
+        const float sc = temp > 0.f ? 1.f / temp : 1.f;
+        std::vector<float> v(V);
+        float vmax = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            float x = l[i];
+            if (pens && seen[i]) x = x > 0.f ? x / 1.2f : x * 1.2f;
+            if (pens && counts[i]) x -= 0.2f * (float)counts[i] + 0.3f;
+            v[i] = x * sc, vmax = fmaxf(vmax, v[i]);
+        }
+        for (int i = 0; i < V; i++) cum[i + 1] = cum[i] + exp((double)v[i] - vmax);
+    }
     double worst_lp = 0;
     bool tops = true;
     for (int i = 0; i < n; i++) {
@@ -219,10 +246,19 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
             CK(cudaMemcpy(b.counts, counts.data(), V * 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(b.seen, seen.data(), V, cudaMemcpyHostToDevice));
             p.one_block = k == 1;
+            *path = -1;
+            p.path = k == 0 ? path : NULL;
             draw(p, b);
             r[k] = b.ring[i % 8];
+            if (k == 0) paths += *path == want_path;
         }
         same += r[0].id == r[1].id;
+        const uint64_t rr = host_splitmix64(11 ^ host_splitmix64((uint64_t)i + 1));
+        const double target = (double)(rr >> 40) / 16777216.0 * cum[V], tol = 1e-5 * cum[V];
+        bool both = true;
+        for (int k = 0; k < 2; k++)
+            both &= cum[r[k].id] - tol <= target && target <= cum[r[k].id + 1] + tol;
+        exact += both;
         inties += r[0].id >= 2000 && r[0].id < 2000 + ties;
         if (n_logprobs >= 0) {
             worst_lp = fmax(worst_lp, fabs(r[0].logprob - r[1].logprob));
@@ -233,9 +269,23 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
         }
     }
     char name[200];
-    snprintf(name, sizeof name, "%s: top-k kernel = one-block kernel on %d of %d draws", what, same,
-             n);
-    check_true(name, same == n);
+    if (want_path == 2) {
+        snprintf(name, sizeof name,
+                 "%s: both kernels in the exact id (f32 rounding) on %d of %d draws (the same id "
+                 "on %d)",
+                 what, exact, n, same);
+        check_true(name, exact == n);
+    } else {
+        snprintf(name, sizeof name, "%s: candidate kernel = one-block kernel on %d of %d draws",
+                 what, same, n);
+        check_true(name, same == n);
+    }
+    snprintf(name, sizeof name, "%s: the candidate kernel drew %s on %d of %d", what,
+             want_path == 0   ? "from its candidates"
+             : want_path == 1 ? "by the one-block sampler"
+                              : "without a floor",
+             paths, n);
+    check_true(name, paths == n);
     if (ties) {
         snprintf(name, sizeof name, "%s: %d of %d draws among the %d tied best", what, inties, n,
                  ties);
@@ -265,10 +315,21 @@ int main(void) {
     t_same("top-k 5 temp 1.3 + logprobs 20", 248320, 1.3f, 5, 0.9f, 0.f, false, 20, 0, false, 100);
     t_same("greedy + penalties + logprobs 5", 248320, 0.f, 0, 1.f, 0.f, true, 5, 0, false, 20);
     t_same("top-k 20, 100 tied best across a block boundary", 248320, 1.f, 20, 1.f, 0.f, false, -1,
-           100, false, 200);
+           100, false, 200, 1);
     t_same("top-k 20, flat logits", 248320, 0.8f, 20, 0.9f, 0.f, false, 3, 0, true, 200);
     t_same("top-k 20, vocab 1000 (one block)", 1000, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
     t_same("top-k 30, vocab 5000 (partial last block)", 5000, 1.f, 30, 0.95f, 0.f, true, 2, 0,
            false, 200);
+    t_same("no top-k: top-p 0.9 temp 0.7, peaked", 248320, 0.7f, 0, 0.9f, 0.f, false, -1, 0, false,
+           200, 0, 14.f);
+    t_same("no top-k: min-p 0.2 + penalties + logprobs 4", 248320, 1.f, 0, 1.f, 0.2f, true, 4, 0,
+           false, 200);
+    t_same("no top-k: temperature 1 alone", 248320, 1.f, 0, 1.f, 0.f, false, -1, 0, false, 200, 2);
+    t_same("no top-k: temperature 0.5 alone + logprobs 3, vocab 5000", 5000, 0.5f, 0, 1.f, 0.f,
+           true, 3, 0, false, 200, 2);
+    t_same("top-k >= vocab: temperature 1, vocab 1000", 1000, 1.f, 5000, 1.f, 0.f, false, -1, 0,
+           false, 200, 2);
+    t_same("no top-k: top-p 0.9 over flat logits (one-block)", 248320, 1.f, 0, 0.9f, 0.f, false, -1,
+           0, true, 30, 1);
     return finish("check_decode_sample");
 }

@@ -182,10 +182,12 @@ struct sample_params {
     int top_k;
     int n_logprobs; // < 0: none
     uint64_t seed;
-    bool one_block;             // the one-block kernel where the top-k one would run (comparisons)
-    int *counts;                // [vocab] generated-token counts (device)
-    uint8_t *seen;              // [vocab] prompt + generated (repetition penalty)
-    float *work;                // scratch of sample_work_bytes(vocab)
+    bool one_block; // the one-block kernel where the candidate one would run (comparisons)
+    int *path;      // NULL, or where the candidate kernel records how it drew (checks): 0 from
+                    // its candidates, 1 by the one-block sampler, 2 without a floor
+    int *counts;    // [vocab] generated-token counts (device)
+    uint8_t *seen;  // [vocab] prompt + generated (repetition penalty)
+    float *work;    // scratch of sample_work_bytes(vocab)
     unsigned long long *argmax; // greedy scratch (reset by the finisher)
     unsigned *counter;          // block ticket (greedy)
     int32_t *tok_out;           // next step's input token
