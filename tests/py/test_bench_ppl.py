@@ -41,6 +41,24 @@ def test_bench_json(fixtures_dir, tmp_path):  # noqa: F811
     assert "decode@ctx" in out and "prefill" in out
 
 
+def test_bench_sampled_decode(fixtures_dir, tmp_path):  # noqa: F811
+    # decode with a sampler instead of greedy: reported in the table and the JSON
+    j = tmp_path / "s.json"
+    out = subprocess.run([WREN, "bench", "-m", os.path.join(fixtures_dir, "tiny-mlx8"), "--backend", "cpu",
+                          "--decode", "16", "--gen", "4", "--repeat", "1", "--temp", "0.8", "--top-k", "20",
+                          "--top-p", "0.95", "--min-p", "0.01", "--json", str(j)],
+                         check=True, capture_output=True, text=True).stdout
+    assert "sampler: temperature 0.8, top-k 20, top-p 0.95, min-p 0.01" in out, out
+    r = json.loads(j.read_text())
+    want = {"temperature": 0.8, "top_k": 20, "top_p": 0.95, "min_p": 0.01}
+    assert r["decode_sampler"].keys() == want.keys(), r["decode_sampler"]
+    assert all(abs(r["decode_sampler"][k] - v) < 1e-6 for k, v in want.items()), r["decode_sampler"]
+    assert r["decode"][0]["tok_s"] > 0
+    p = subprocess.run([WREN, "bench", "-m", os.path.join(fixtures_dir, "tiny-mlx8"), "--top-p", "1.5"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--top-p" in p.stderr, p.stderr
+
+
 def test_bench_rejects_bad_lists(fixtures_dir):  # noqa: F811
     p = subprocess.run([WREN, "bench", "-m", os.path.join(fixtures_dir, "tiny-mlx8"), "--prefill", "12,x"],
                        capture_output=True, text=True)

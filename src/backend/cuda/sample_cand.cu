@@ -1,0 +1,435 @@
+// The candidate sampler: every block keeps its slice's best, the last block selects and draws.
+// Block b takes ids [b TS_ELEMS, (b + 1) TS_ELEMS) and keeps its first kc (the candidate count:
+// top-k, or TS_KMAX without one; top logprobs; 1 for greedy) in the order (penalised logit desc,
+// id asc), with the scaled key of its next one and its (max, sum of exp) for the log-partition
+// and the scaled mass. That order is total and the same in every block, so the global first kc are
+// among the blocks' first kc. A floor on the scaled key (top-k: the top_k-th's, ties included;
+// top-p: the group where the mass from the top reaches top_p of all; min-p) keeps exactly the
+// candidates above it when no block's next key reaches it and the kept set fits in TS_CHUNK; else
+// (identical logits tied at a block's cut, top-p over more than TS_CHUNK ids) the last block runs
+// the one-block sampler instead. Without any floor the draw picks a block by its mass and then an
+// id in it, both in id order.
+// The selection is a sort of 128 keys per warp in registers (bitonic, by shuffles) and a
+// tournament between the warps (the top 128 of two sorted chunks is the elementwise max of one and
+// the other reversed, a bitonic sequence): five barriers a block. A first version sorted each
+// block's keys, and the candidates, in shared memory (barrier-separated bitonic stages): ~40 us
+// more per token (bench/RESULTS.md, twenty-fifth session).
+#include "backend/cuda/sample_dev.cuh"
+
+#define TS_PER   4 // keys per lane: a warp sorts TS_CHUNK
+#define TS_CHUNK (TS_PER * 32)
+#define TS_WARPS (SAMPLE_THREADS / 32)
+#define TS_ELEMS (TS_CHUNK * TS_WARPS) // ids per block
+#define TS_KMAX  64                    // the largest candidate count this path takes (< TS_CHUNK)
+
+typedef unsigned long long u64;
+
+static __host__ __device__ __forceinline__ int ts_blocks(int n) {
+    return (n + TS_ELEMS - 1) / TS_ELEMS;
+}
+// Whether a top-k bounds the kept set.
+static __host__ __device__ __forceinline__ bool ts_topk(const struct sample_params &p) {
+    return p.temperature > 0.f && p.top_k >= 1 && p.top_k < p.n_vocab;
+}
+// Candidates per block (<= n).
+static __host__ __device__ __forceinline__ int ts_kc(const struct sample_params &p) {
+    int kc = p.temperature > 0.f ? (ts_topk(p) ? p.top_k : TS_KMAX) : 1;
+    if (p.n_logprobs > kc)
+        kc = p.n_logprobs < WREN_MAX_TOP_LOGPROBS ? p.n_logprobs : WREN_MAX_TOP_LOGPROBS;
+    return kc < p.n_vocab ? kc : p.n_vocab;
+}
+// Scratch in p.work: [nb][TS_KMAX] candidate keys, [nb] (max, sum of exp) of the logits and of the
+// scaled ones, [nb] next keys.
+struct ts_scratch {
+    u64 *cand;
+    float2 *part, *spart;
+    uint32_t *next;
+};
+static __host__ __device__ __forceinline__ ts_scratch ts_layout(void *work, int nb) {
+    ts_scratch t;
+    t.cand = reinterpret_cast<u64 *>(work);
+    t.part = reinterpret_cast<float2 *>(t.cand + (size_t)nb * TS_KMAX);
+    t.spart = t.part + nb;
+    t.next = reinterpret_cast<uint32_t *>(t.spart + nb);
+    return t;
+}
+
+size_t sample_work_bytes(int vocab) {
+    const size_t nb = (size_t)ts_blocks(vocab);
+    const size_t fast = nb * TS_KMAX * 8 + nb * 16 + nb * 4, full = (size_t)vocab * 4;
+    return fast > full ? fast : full;
+}
+
+// Whether the candidate kernel takes this call (not plain greedy: the argmax kernel is cheaper):
+// all blocks' candidates within one block's keys.
+static bool ts_eligible(const struct sample_params &p) {
+    if (p.n_vocab < 1) return false;
+    const int kc = ts_kc(p);
+    return kc >= 1 && kc <= TS_KMAX && (size_t)ts_blocks(p.n_vocab) * kc <= TS_ELEMS;
+}
+
+static __device__ __forceinline__ u64 ts_key(float l, int i) {
+    return ((u64)fkey(l) << 32) | (0xFFFFFFFFu - (uint32_t)i);
+}
+static __device__ __forceinline__ float ts_l(u64 k) {
+    return kfloat((uint32_t)(k >> 32));
+}
+static __device__ __forceinline__ int ts_id(u64 k) {
+    return (int)(0xFFFFFFFFu - (uint32_t)k);
+}
+// The key top-k, top-p and min-p compare: of the logit scaled by 1 / temperature (v = l sc, as
+// the one-block kernel computes it).
+static __device__ __forceinline__ uint32_t ts_skey(u64 k, float sc) {
+    return fkey(ts_l(k) * sc);
+}
+
+static __device__ __forceinline__ u64 shfl_xor64(u64 v, int m) {
+    const uint32_t lo = __shfl_xor_sync(0xffffffffu, (uint32_t)v, m);
+    const uint32_t hi = __shfl_xor_sync(0xffffffffu, (uint32_t)(v >> 32), m);
+    return ((u64)hi << 32) | lo;
+}
+
+// One bitonic stage over the warp's chunk (element e = 32 r + lane) towards descending order:
+// pairs (e, e ^ j) within sequences of SIZE, descending where e & SIZE is 0.
+template <int SIZE, int J> static __device__ __forceinline__ void ts_stage(u64 (&k)[TS_PER]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) {
+        const bool desc = ((r * 32 + lane) & SIZE) == 0;
+        if constexpr (J >= 32) {
+            constexpr int d = J / 32;
+            if ((r & d) == 0) { // the pair (r, r + d) once, from its lower element
+                const u64 a = k[r], b = k[r + d];
+                if (desc ? a < b : a > b) k[r] = b, k[r + d] = a;
+            }
+        } else {
+            const u64 o = shfl_xor64(k[r], J);
+            const bool lower = (lane & J) == 0;
+            const u64 mx = k[r] > o ? k[r] : o, mn = k[r] > o ? o : k[r];
+            k[r] = lower == desc ? mx : mn;
+        }
+    }
+}
+template <int SIZE, int J> static __device__ __forceinline__ void ts_merge(u64 (&k)[TS_PER]) {
+    ts_stage<SIZE, J>(k);
+    if constexpr (J > 1) ts_merge<SIZE, J / 2>(k);
+}
+template <int SIZE> static __device__ __forceinline__ void ts_sort(u64 (&k)[TS_PER]) {
+    if constexpr (SIZE > 2) ts_sort<SIZE / 2>(k);
+    ts_merge<SIZE, SIZE / 2>(k);
+}
+
+// The block's TS_ELEMS keys (k of every thread) -> the largest TS_CHUNK, descending, in warp 0's
+// k. sm: TS_ELEMS / 2 keys.
+static __device__ void ts_block_top(u64 (&k)[TS_PER], u64 *sm) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    ts_sort<TS_CHUNK>(k);
+    for (int w = TS_WARPS / 2; w >= 1; w >>= 1) {
+        if (warp >= w && warp < 2 * w)
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) sm[(warp - w) * TS_CHUNK + r * 32 + lane] = k[r];
+        __syncthreads();
+        if (warp < w) {
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) {
+                const u64 o = sm[warp * TS_CHUNK + TS_CHUNK - 1 - (r * 32 + lane)];
+                k[r] = k[r] > o ? k[r] : o;
+            }
+            ts_merge<TS_CHUNK * 2, TS_CHUNK / 2>(k); // SIZE past the chunk: all descending
+        }
+        __syncthreads();
+    }
+}
+
+// Warp 0: the number of leading entries of a[0, n) (n <= TS_CHUNK, keys not increasing) whose
+// scaled key is at least f.
+static __device__ int ts_prefix(const u64 *a, int n, float sc, uint32_t f) {
+    const int lane = threadIdx.x & 31;
+    int c = 0;
+    for (int r = 0; r < TS_PER; r++) {
+        const int j = r * 32 + lane;
+        c += __popc(__ballot_sync(0xffffffffu, j < n && ts_skey(a[j], sc) >= f));
+    }
+    return c;
+}
+
+// Warp 0: the first index of a[0, n) at which the running mass exp(v - vmax) exceeds target (-1
+// if it never does); with target < 0 only the total, into *total. by_id: a holds (id, logit
+// bits), else keys.
+static __device__ int ts_walk(const u64 *a, int n, float sc, float vmax, float target, bool by_id,
+                              float *total) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        const int j = c0 + lane;
+        float m = 0.f;
+        if (j < n) m = __expf((by_id ? __uint_as_float((uint32_t)a[j]) : ts_l(a[j])) * sc - vmax);
+        float inc = m; // inclusive scan over the chunk
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (target >= 0.f) {
+            const unsigned hit = __ballot_sync(0xffffffffu, j < n && acc + inc > target);
+            if (hit) return c0 + __ffs(hit) - 1;
+        }
+        acc += __shfl_sync(0xffffffffu, inc, 31);
+    }
+    if (total) *total = acc;
+    return -1;
+}
+
+// Warp 0: whether every block's next key is below f (so every id at or above f is a candidate)
+// and the candidates at or above f fit in the sorted TS_CHUNK (m candidates in all).
+static __device__ bool ts_complete(const uint32_t *next, int nb, const u64 *top, int m, float sc,
+                                   uint32_t f) {
+    bool ok = !(m > TS_CHUNK && ts_skey(top[TS_CHUNK - 1], sc) >= f);
+    for (int b = threadIdx.x & 31; b < nb; b += 32) ok &= __ldcg(next + b) < f;
+    return __all_sync(0xffffffffu, ok);
+}
+
+// Warp 0: the merged (max, sum of exp(x - max)) of the blocks' parts, as log of the sum.
+static __device__ float ts_lse(const float2 *part, int nb) {
+    float M = -INFINITY, Z = 0.f;
+    for (int b = threadIdx.x & 31; b < nb; b += 32) M = fmaxf(M, __ldcg(&part[b].x));
+    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    for (int b = threadIdx.x & 31; b < nb; b += 32) {
+        const float2 pb = __ldcg(part + b);
+        Z += pb.y * __expf(pb.x - M);
+    }
+    for (int o = 16; o; o >>= 1) Z += __shfl_xor_sync(0xffffffffu, Z, o);
+    return M + logf(Z);
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_topk_kernel(const __grid_constant__ struct sample_params p) {
+    __shared__ u64 sm[TS_ELEMS / 2];
+    __shared__ typename BRf::TempStorage tr;
+    __shared__ typename BSf::TempStorage ts;
+    __shared__ float bval, s_target, s_vmax, s_ltok;
+    __shared__ bool last;
+    __shared__ int mode, s_blk, s_tok, ntop;
+    __shared__ int top_id[WREN_MAX_TOP_LOGPROBS];
+    __shared__ float top_lp[WREN_MAX_TOP_LOGPROBS];
+    TRACE_BEGIN();
+    pdl_wait(); // launched early (programmatic launch): the logits come from the lm_head
+    TRACE_WAIT();
+    const int n = p.n_vocab, nb = gridDim.x, kc = ts_kc(p), tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const bool sampling = p.temperature > 0.f, topk = ts_topk(p);
+    // no top-k: the mass over every id, for top-p or for a draw without a floor
+    const bool spart = sampling && !topk;
+    const float sc = sampling ? 1.f / p.temperature : 1.f;
+    const ts_scratch t = ts_layout(p.work, nb);
+    const int b0 = blockIdx.x * TS_ELEMS;
+    u64 k[TS_PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) {
+        const int i = b0 + warp * TS_CHUNK + r * 32 + lane;
+        k[r] = 0; // below every id's key
+        if (i < n) {
+            const float l = pen_logit(p, i);
+            k[r] = ts_key(l, i), mx = fmaxf(mx, l);
+        }
+    }
+    if (p.n_logprobs >= 0 || spart) { // this slice's parts of the log-partition and scaled mass
+        mx = BRf(tr).Reduce(mx, [](float a, float b) { return fmaxf(a, b); });
+        if (tid == 0) bval = mx;
+        __syncthreads();
+        mx = bval;
+        if (p.n_logprobs >= 0) {
+            float z = 0.f;
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++)
+                if (k[r]) z += __expf(ts_l(k[r]) - mx);
+            z = BRf(tr).Sum(z);
+            if (tid == 0) t.part[blockIdx.x] = make_float2(mx, z);
+            __syncthreads();
+        }
+        if (spart) {
+            float z = 0.f;
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++)
+                if (k[r]) z += __expf(ts_l(k[r]) * sc - mx * sc);
+            z = BRf(tr).Sum(z);
+            if (tid == 0) t.spart[blockIdx.x] = make_float2(mx * sc, z);
+        }
+    }
+    ts_block_top(k, sm);
+    if (warp == 0)
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) {
+            const int j = r * 32 + lane;
+            if (j < kc) t.cand[(size_t)blockIdx.x * TS_KMAX + j] = k[r];
+            if (j == kc) t.next[blockIdx.x] = b0 + kc < n ? ts_skey(k[r], sc) : 0u;
+        }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(p.counter, 1u) == (unsigned)nb - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // the blocks' candidates -> the largest TS_CHUNK, descending, into sm[0, TS_CHUNK)
+    const int m = nb * kc;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) {
+        const int j = warp * TS_CHUNK + r * 32 + lane;
+        k[r] = j < m ? __ldcg(t.cand + (size_t)(j / kc) * TS_KMAX + j % kc) : 0ull;
+    }
+    ts_block_top(k, sm);
+    const uint64_t rnd = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
+    const float u = (float)(rnd >> 40) * (1.f / 16777216.f);
+    // warp 0 selects; mode 0: it drew (or greedy), 1: the one-block sampler, 2: a draw without a
+    // floor, in block s_blk
+    if (warp == 0) {
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = k[r];
+        __syncwarp();
+        if (lane == 0) *p.counter = 0;
+        float lse = 0.f;
+        int nt = 0;
+        if (p.n_logprobs >= 0) {
+            lse = ts_lse(t.part, nb);
+            nt = min(min(p.n_logprobs, WREN_MAX_TOP_LOGPROBS), n);
+            if (lane < nt) top_id[lane] = ts_id(sm[lane]), top_lp[lane] = ts_l(sm[lane]) - lse;
+        }
+        int md = 0, tok = ts_id(sm[0]);
+        float ltok = ts_l(sm[0]);
+        const int ntopc = m < TS_CHUNK ? m : TS_CHUNK;
+        const float vmax = ts_l(sm[0]) * sc;
+        if (sampling && !topk && p.top_p >= 1.f && p.min_p <= 0.f) {
+            // no floor: the block where u of the mass falls, in id order
+            float acc = 0.f, tot = 0.f;
+            for (int b = lane; b < nb; b += 32) {
+                const float2 sb = __ldcg(t.spart + b);
+                tot += sb.y * __expf(sb.x - vmax);
+            }
+            for (int o = 16; o; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+            const float target = u * tot;
+            int blk = nb - 1;
+            for (int c0 = 0; c0 < nb; c0 += 32) {
+                const int b = c0 + lane;
+                float mb = 0.f;
+                if (b < nb) {
+                    const float2 sb = __ldcg(t.spart + b);
+                    mb = sb.y * __expf(sb.x - vmax);
+                }
+                float inc = mb;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const float y = __shfl_up_sync(0xffffffffu, inc, o);
+                    if (lane >= o) inc += y;
+                }
+                const unsigned hit = __ballot_sync(0xffffffffu, b < nb && acc + inc > target);
+                if (hit) {
+                    const int h = __ffs(hit) - 1;
+                    blk = c0 + h;
+                    acc += __shfl_sync(0xffffffffu, inc - mb, h);
+                    break;
+                }
+                acc += __shfl_sync(0xffffffffu, inc, 31);
+            }
+            if (lane == 0) s_blk = blk, s_target = target - acc, s_vmax = vmax;
+            md = 2;
+        } else if (sampling) {
+            uint32_t floor_key = 0;
+            bool ok = true;
+            int keep = ntopc;
+            if (topk) { // the keys at or above the top_k-th's (kc may be larger, for logprobs)
+                floor_key = ts_skey(sm[p.top_k - 1], sc);
+                ok = ts_complete(t.next, nb, sm, m, sc, floor_key);
+                keep = ts_prefix(sm, ntopc, sc, floor_key); // a prefix: keys do not increase
+            }
+            if (ok && p.top_p < 1.f) { // the smallest prefix of whole key groups reaching top_p
+                float z = 0.f;
+                if (topk) {
+                    ts_walk(sm, keep, sc, vmax, -1.f, false, &z);
+                } else {
+                    for (int b = lane; b < nb; b += 32) {
+                        const float2 sb = __ldcg(t.spart + b);
+                        z += sb.y * __expf(sb.x - vmax);
+                    }
+                    for (int o = 16; o; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+                }
+                int j = ts_walk(sm, keep, sc, vmax, fmaxf(p.top_p, 0.f) * z, false, NULL);
+                if (j < 0) j = keep - 1, ok = topk; // short by rounding, or beyond the candidates
+                // mass(keys >= key_j) reaches the target and mass(keys > key_j) does not
+                const uint32_t tp = ts_skey(sm[j], sc);
+                floor_key = tp > floor_key ? tp : floor_key;
+            }
+            if (p.min_p > 0.f) {
+                const uint32_t tm = fkey(vmax + logf(p.min_p));
+                floor_key = tm > floor_key ? tm : floor_key;
+            }
+            if (!topk) ok = ok && ts_complete(t.next, nb, sm, m, sc, floor_key);
+            if (ok) {
+                keep = ts_prefix(sm, keep, sc, floor_key); // >= 1: the first id's key is vmax's
+                // draw in id order: (id, logit bits) ascending, sorted descending as complements
+#pragma unroll
+                for (int r = 0; r < TS_PER; r++) {
+                    const int j = r * 32 + lane;
+                    k[r] = j < keep ? ~(((u64)ts_id(sm[j]) << 32) | __float_as_uint(ts_l(sm[j])))
+                                    : 0ull;
+                }
+                ts_sort<TS_CHUNK>(k);
+                __syncwarp();
+#pragma unroll
+                for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = ~k[r];
+                __syncwarp();
+                float total = 0.f;
+                ts_walk(sm, keep, sc, vmax, -1.f, true, &total);
+                int j = ts_walk(sm, keep, sc, vmax, u * total, true, NULL);
+                if (j < 0) j = keep - 1;
+                tok = (int)(sm[j] >> 32), ltok = __uint_as_float((uint32_t)sm[j]);
+            }
+            md = ok ? 0 : 1;
+        }
+        if (lane == 0) mode = md, s_tok = tok, s_ltok = ltok, bval = lse, ntop = nt;
+        if (lane == 0 && p.path) *p.path = md;
+    }
+    __syncthreads();
+    if (mode == 1) {
+        sample_full(p);
+        return;
+    }
+    if (mode == 2) { // a draw without a floor, inside block s_blk: 4 consecutive ids per thread
+        const int base = s_blk * TS_ELEMS + tid * TS_PER;
+        float mass[TS_PER], local = 0.f;
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) {
+            mass[r] = base + r < n ? __expf(pen_logit(p, base + r) * sc - s_vmax) : 0.f;
+            local += mass[r];
+        }
+        float excl;
+        BSf(ts).ExclusiveSum(local, excl);
+        if (tid == 0) s_tok = min(n, (s_blk + 1) * TS_ELEMS) - 1; // if rounding leaves it short
+        __syncthreads();
+        const float target = s_target;
+        if (target >= excl && target < excl + local) {
+            float acc = excl;
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) {
+                acc += mass[r];
+                if (acc > target && base + r < n) {
+                    s_tok = base + r;
+                    break;
+                }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) s_ltok = pen_logit(p, s_tok);
+    }
+    if (tid == 0) emit(p, s_tok, p.n_logprobs >= 0 ? s_ltok - bval : 0.f, ntop, top_id, top_lp);
+}
+
+bool sample_cand_ok(const struct sample_params *p) {
+    return ts_eligible(*p);
+}
+
+int sample_cand_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {
+    CUDA_CHECK(pdl_launch(sample_topk_kernel, dim3(ts_blocks(p->n_vocab)), dim3(SAMPLE_THREADS), 0,
+                          s, decode_pdl(), *p));
+    return 0;
+}
