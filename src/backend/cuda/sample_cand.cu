@@ -153,30 +153,29 @@ static __device__ int ts_prefix(const u64 *a, int n, float sc, uint32_t f) {
     return c;
 }
 
-// Warp 0: the first index of a[0, n) at which the running mass exp(v - vmax) exceeds target (-1
-// if it never does); with target < 0 only the total, into *total. by_id: a holds (id, logit
-// bits), else keys.
-static __device__ int ts_walk(const u64 *a, int n, float sc, float vmax, float target, bool by_id,
-                              float *total) {
+// Warp 0: the first j of [0, n) at which the running sum of mass(j), in order, exceeds target (-1
+// if it never does: target INFINITY gives the total); *before: the sum before it (or the total).
+template <class Mass> static __device__ int ts_scan(int n, float target, Mass mass, float *before) {
     const int lane = threadIdx.x & 31;
     float acc = 0.f;
     for (int c0 = 0; c0 < n; c0 += 32) {
         const int j = c0 + lane;
-        float m = 0.f;
-        if (j < n) m = __expf((by_id ? __uint_as_float((uint32_t)a[j]) : ts_l(a[j])) * sc - vmax);
+        const float m = j < n ? mass(j) : 0.f;
         float inc = m; // inclusive scan over the chunk
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const float y = __shfl_up_sync(0xffffffffu, inc, o);
             if (lane >= o) inc += y;
         }
-        if (target >= 0.f) {
-            const unsigned hit = __ballot_sync(0xffffffffu, j < n && acc + inc > target);
-            if (hit) return c0 + __ffs(hit) - 1;
+        const unsigned hit = __ballot_sync(0xffffffffu, j < n && acc + inc > target);
+        if (hit) {
+            const int h = __ffs(hit) - 1;
+            *before = acc + __shfl_sync(0xffffffffu, inc - m, h);
+            return c0 + h;
         }
         acc += __shfl_sync(0xffffffffu, inc, 31);
     }
-    if (total) *total = acc;
+    *before = acc;
     return -1;
 }
 
@@ -239,23 +238,18 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (tid == 0) bval = mx;
         __syncthreads();
         mx = bval;
-        if (p.n_logprobs >= 0) {
+        // (max, sum of exp) of the logits scaled by s (x 1 is exact: the log-partition's terms)
+        auto part = [&](float s, float2 *out) {
             float z = 0.f;
 #pragma unroll
             for (int r = 0; r < TS_PER; r++)
-                if (k[r]) z += __expf(ts_l(k[r]) - mx);
+                if (k[r]) z += __expf(ts_l(k[r]) * s - mx * s);
             z = BRf(tr).Sum(z);
-            if (tid == 0) t.part[blockIdx.x] = make_float2(mx, z);
-            __syncthreads();
-        }
-        if (spart) {
-            float z = 0.f;
-#pragma unroll
-            for (int r = 0; r < TS_PER; r++)
-                if (k[r]) z += __expf(ts_l(k[r]) * sc - mx * sc);
-            z = BRf(tr).Sum(z);
-            if (tid == 0) t.spart[blockIdx.x] = make_float2(mx * sc, z);
-        }
+            if (tid == 0) out[blockIdx.x] = make_float2(mx * s, z);
+            __syncthreads(); // tr is used again
+        };
+        if (p.n_logprobs >= 0) part(1.f, t.part);
+        if (spart) part(sc, t.spart);
     }
     ts_block_top(k, sm);
     if (warp == 0)
@@ -299,38 +293,21 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         float ltok = ts_l(sm[0]);
         const int ntopc = m < TS_CHUNK ? m : TS_CHUNK;
         const float vmax = ts_l(sm[0]) * sc;
+        // mass exp(v - vmax) of block b's ids (no top-k), of the sorted candidate j, of the kept id
+        // j once sorted by id
+        auto bmass = [&](int b) {
+            const float2 sb = __ldcg(t.spart + b);
+            return sb.y * __expf(sb.x - vmax);
+        };
+        auto cmass = [&](int j) { return __expf(ts_l(sm[j]) * sc - vmax); };
+        auto imass = [&](int j) { return __expf(__uint_as_float((uint32_t)sm[j]) * sc - vmax); };
         if (sampling && !topk && p.top_p >= 1.f && p.min_p <= 0.f) {
             // no floor: the block where u of the mass falls, in id order
-            float acc = 0.f, tot = 0.f;
-            for (int b = lane; b < nb; b += 32) {
-                const float2 sb = __ldcg(t.spart + b);
-                tot += sb.y * __expf(sb.x - vmax);
-            }
-            for (int o = 16; o; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+            float tot, acc;
+            ts_scan(nb, INFINITY, bmass, &tot);
             const float target = u * tot;
-            int blk = nb - 1;
-            for (int c0 = 0; c0 < nb; c0 += 32) {
-                const int b = c0 + lane;
-                float mb = 0.f;
-                if (b < nb) {
-                    const float2 sb = __ldcg(t.spart + b);
-                    mb = sb.y * __expf(sb.x - vmax);
-                }
-                float inc = mb;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const float y = __shfl_up_sync(0xffffffffu, inc, o);
-                    if (lane >= o) inc += y;
-                }
-                const unsigned hit = __ballot_sync(0xffffffffu, b < nb && acc + inc > target);
-                if (hit) {
-                    const int h = __ffs(hit) - 1;
-                    blk = c0 + h;
-                    acc += __shfl_sync(0xffffffffu, inc - mb, h);
-                    break;
-                }
-                acc += __shfl_sync(0xffffffffu, inc, 31);
-            }
+            int blk = ts_scan(nb, target, bmass, &acc);
+            if (blk < 0) blk = nb - 1; // short by rounding
             if (lane == 0) s_blk = blk, s_target = target - acc, s_vmax = vmax;
             md = 2;
         } else if (sampling) {
@@ -343,17 +320,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
                 keep = ts_prefix(sm, ntopc, sc, floor_key); // a prefix: keys do not increase
             }
             if (ok && p.top_p < 1.f) { // the smallest prefix of whole key groups reaching top_p
-                float z = 0.f;
-                if (topk) {
-                    ts_walk(sm, keep, sc, vmax, -1.f, false, &z);
-                } else {
-                    for (int b = lane; b < nb; b += 32) {
-                        const float2 sb = __ldcg(t.spart + b);
-                        z += sb.y * __expf(sb.x - vmax);
-                    }
-                    for (int o = 16; o; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-                }
-                int j = ts_walk(sm, keep, sc, vmax, fmaxf(p.top_p, 0.f) * z, false, NULL);
+                float z, before;
+                if (topk)
+                    ts_scan(keep, INFINITY, cmass, &z);
+                else
+                    ts_scan(nb, INFINITY, bmass, &z);
+                int j = ts_scan(keep, fmaxf(p.top_p, 0.f) * z, cmass, &before);
                 if (j < 0) j = keep - 1, ok = topk; // short by rounding, or beyond the candidates
                 // mass(keys >= key_j) reaches the target and mass(keys > key_j) does not
                 const uint32_t tp = ts_skey(sm[j], sc);
@@ -378,9 +350,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 #pragma unroll
                 for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = ~k[r];
                 __syncwarp();
-                float total = 0.f;
-                ts_walk(sm, keep, sc, vmax, -1.f, true, &total);
-                int j = ts_walk(sm, keep, sc, vmax, u * total, true, NULL);
+                float total, before;
+                ts_scan(keep, INFINITY, imass, &total);
+                int j = ts_scan(keep, u * total, imass, &before);
                 if (j < 0) j = keep - 1;
                 tok = (int)(sm[j] >> 32), ltok = __uint_as_float((uint32_t)sm[j]);
             }
