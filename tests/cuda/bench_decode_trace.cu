@@ -5,7 +5,12 @@
 // averaged: how much of the step each kind holds on the critical path (last warp out to last warp
 // out), and how that splits into the boundary (previous last out -> first past the wait) and the
 // launch's own work after its wait.
-// usage: bench_decode_trace MODEL_DIR [CTX] [all]   (all: print every launch, not only the kinds)
+// With "greedy" or "sampled" the traced step is a generated one (the backend's generate: the first
+// token's sampler, then the step graph with its sampler; sampled: temperature 1, top-k 20, top-p
+// 0.95, the models' defaults), so the sampler kernels are on the timeline too; their marks: the
+// first phase's selection, the last block's, its draw.
+// usage: bench_decode_trace MODEL_DIR [CTX] [all] [greedy|sampled]
+//        (all: print every launch, not only the kinds)
 #include <algorithm>
 #include <map>
 #include <string>
@@ -52,9 +57,18 @@ double med(std::vector<double> v) {
 } // namespace
 
 int main(int argc, char **argv) {
-    DIE_IF(argc < 2, "usage: bench_decode_trace MODEL_DIR [CTX] [all]");
+    DIE_IF(argc < 2, "usage: bench_decode_trace MODEL_DIR [CTX] [all] [greedy|sampled]");
     const int ctx = argc > 2 ? atoi(argv[2]) : 4096;
-    const bool all = argc > 3 && !strcmp(argv[3], "all");
+    bool all = false;
+    int gen = 0; // 1 greedy, 2 sampled
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "all"))
+            all = true;
+        else if (!strcmp(argv[i], "greedy") || !strcmp(argv[i], "sampled"))
+            gen = argv[i][0] == 'g' ? 1 : 2;
+        else
+            DIE_IF(true, "unknown argument %s", argv[i]);
+    }
     DIE_IF(decode_trace_enable(NULL) != 0,
            "this build has no decode trace: configure with -DCMAKE_CUDA_FLAGS=-DWREN_DECODE_TRACE");
     struct wren_err e;
@@ -76,8 +90,25 @@ int main(int argc, char **argv) {
     CK(cudaDeviceSynchronize());
     const unsigned hdr[2] = {0, (unsigned)cap};
     CK(cudaMemcpy(buf, hdr, sizeof hdr, cudaMemcpyHostToDevice));
+    struct sampler_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.temperature = gen == 2 ? 1.f : 0.f, sp.top_k = gen == 2 ? 20 : 0;
+    sp.top_p = gen == 2 ? 0.95f : 1.f, sp.repetition_penalty = 1.f, sp.seed = 1;
+    sp.n_vocab = m.cfg.vocab, sp.n_logprobs = -1;
+    int ngen, fed;
+    // two tokens: the first from the logits at hand, the second after one step (captured by the
+    // untraced call)
+    auto generate = [&](int pos) {
+        DIE_IF(gpu->ops->generate(gpu, s, pos, &sp, &tok, 1, 2, NULL, NULL, &ngen, &fed, &e), "%s",
+               e.msg);
+    };
+    if (gen) generate(ctx + 4);
+    CK(cudaDeviceSynchronize());
     DIE_IF(decode_trace_enable(buf), "enabling the trace failed");
-    DIE_IF(gpu->ops->forward(gpu, s, ctx + 4, &tok, 1, NULL, false, &e), "%s", e.msg);
+    if (gen)
+        generate(ctx + 6);
+    else
+        DIE_IF(gpu->ops->forward(gpu, s, ctx + 4, &tok, 1, NULL, false, &e), "%s", e.msg);
     CK(cudaDeviceSynchronize());
     DIE_IF(decode_trace_enable(NULL), "disabling the trace failed");
     unsigned n;
@@ -110,6 +141,7 @@ int main(int argc, char **argv) {
     std::sort(L.begin(), L.end(),
               [](const launch &a, const launch &b) { return a.t0_min < b.t0_min; });
     std::vector<std::string> lab = labels(&m.cfg);
+    if (gen) lab.insert(lab.begin(), "sample"), lab.push_back("sample");
     const bool named = lab.size() == L.size();
     printf("decode step at context %d: %zu launches traced (%s), %u warp records, %.1f us from the "
            "first warp in to the last warp out\n",

@@ -9,11 +9,14 @@
 // (identical logits tied at a block's cut, top-p over more than TS_CHUNK ids) the last block runs
 // the one-block sampler instead. Without any floor the draw picks a block by its mass and then an
 // id in it, both in id order.
-// The selection is a sort of 128 keys per warp in registers (bitonic, by shuffles) and a
-// tournament between the warps (the top 128 of two sorted chunks is the elementwise max of one and
-// the other reversed, a bitonic sequence): five barriers a block. A first version sorted each
-// block's keys, and the candidates, in shared memory (barrier-separated bitonic stages): ~40 us
-// more per token (bench/RESULTS.md, twenty-fifth session).
+// The selection (ts_top): the kc + 1 largest of a block's keys are at or above the (kc + 1)-th
+// largest of its 128 groups' maxima, so usually a few dozen keys pass that bound and one warp sorts
+// them (bitonic, in registers, by shuffles). Where more pass (flat or tied logits, or top-p without
+// top-k, which may keep 128), every warp sorts its 128 keys and the warps play a tournament (the
+// top 128 of two sorted chunks is the elementwise max of one and the other reversed, a bitonic
+// sequence): five barriers a block. A first version sorted each block's keys, and the candidates,
+// in shared memory (barrier-separated bitonic stages): ~40 us more per token; the tournament alone
+// ~30 us per call (bench/RESULTS.md, twenty-fifth and twenty-sixth sessions).
 #include "backend/cuda/sample_dev.cuh"
 
 #define TS_PER   4 // keys per lane: a warp sorts TS_CHUNK
@@ -31,9 +34,14 @@ static __host__ __device__ __forceinline__ int ts_blocks(int n) {
 static __host__ __device__ __forceinline__ bool ts_topk(const struct sample_params &p) {
     return p.temperature > 0.f && p.top_k >= 1 && p.top_k < p.n_vocab;
 }
-// Candidates per block (<= n).
+// A draw from every id (temperature alone): by block mass, then inside the block.
+static __host__ __device__ __forceinline__ bool ts_floorless(const struct sample_params &p) {
+    return p.temperature > 0.f && !ts_topk(p) && p.top_p >= 1.f && p.min_p <= 0.f;
+}
+// Candidates per block (<= n): the top-k; without one, TS_KMAX for top-p and min-p, the maximum
+// for a floorless draw; the top logprobs when more.
 static __host__ __device__ __forceinline__ int ts_kc(const struct sample_params &p) {
-    int kc = p.temperature > 0.f ? (ts_topk(p) ? p.top_k : TS_KMAX) : 1;
+    int kc = p.temperature > 0.f ? (ts_topk(p) ? p.top_k : ts_floorless(p) ? 1 : TS_KMAX) : 1;
     if (p.n_logprobs > kc)
         kc = p.n_logprobs < WREN_MAX_TOP_LOGPROBS ? p.n_logprobs : WREN_MAX_TOP_LOGPROBS;
     return kc < p.n_vocab ? kc : p.n_vocab;
@@ -89,42 +97,62 @@ static __device__ __forceinline__ u64 shfl_xor64(u64 v, int m) {
     return ((u64)hi << 32) | lo;
 }
 
-// One bitonic stage over the warp's chunk (element e = 32 r + lane) towards descending order:
-// pairs (e, e ^ j) within sequences of SIZE, descending where e & SIZE is 0.
-template <int SIZE, int J> static __device__ __forceinline__ void ts_stage(u64 (&k)[TS_PER]) {
+// Bitonic sorting of a warp's P x 32 keys (element e = 32 r + lane) towards descending order, as
+// loops over the stages: the sampler runs once per token, so its code comes cold from the L2 (~2.4
+// cycles per instruction, bench_icache), and an unrolled network of 128 keys was ~1,300
+// instructions per copy (the kernel ran 36-40 us inside the decode step, 20 in a loop of calls).
+// One stage: pairs (e, e ^ j) within sequences of `size`, descending where e & size is 0.
+template <int P> static __device__ __forceinline__ void ts_stage(u64 (&k)[P], int size, int j) {
     const int lane = threadIdx.x & 31;
+    if (j >= 32) { // between registers r and r + j / 32
 #pragma unroll
-    for (int r = 0; r < TS_PER; r++) {
-        const bool desc = ((r * 32 + lane) & SIZE) == 0;
-        if constexpr (J >= 32) {
-            constexpr int d = J / 32;
-            if ((r & d) == 0) { // the pair (r, r + d) once, from its lower element
-                const u64 a = k[r], b = k[r + d];
-                if (desc ? a < b : a > b) k[r] = b, k[r + d] = a;
-            }
-        } else {
-            const u64 o = shfl_xor64(k[r], J);
-            const bool lower = (lane & J) == 0;
-            const u64 mx = k[r] > o ? k[r] : o, mn = k[r] > o ? o : k[r];
-            k[r] = lower == desc ? mx : mn;
-        }
+        for (int d = 1; d < P; d <<= 1)
+            if (j == 32 * d)
+#pragma unroll
+                for (int r = 0; r < P; r++)
+                    if ((r & d) == 0) {
+                        const bool desc = ((r * 32 + lane) & size) == 0;
+                        const u64 a = k[r], b = k[r + d];
+                        if (desc ? a < b : a > b) k[r] = b, k[r + d] = a;
+                    }
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < P; r++) {
+        const bool desc = ((r * 32 + lane) & size) == 0;
+        const u64 o = shfl_xor64(k[r], j);
+        const bool lower = (lane & j) == 0;
+        const u64 mx = k[r] > o ? k[r] : o, mn = k[r] > o ? o : k[r];
+        k[r] = lower == desc ? mx : mn;
     }
 }
-template <int SIZE, int J> static __device__ __forceinline__ void ts_merge(u64 (&k)[TS_PER]) {
-    ts_stage<SIZE, J>(k);
-    if constexpr (J > 1) ts_merge<SIZE, J / 2>(k);
+// The stages j, j / 2, ..., 1 of sequences of `size` (a bitonic sequence of j * 2 -> sorted).
+template <int P> static __device__ __forceinline__ void ts_merge(u64 (&k)[P], int size, int j) {
+#pragma unroll 1
+    for (; j >= 1; j >>= 1) ts_stage<P>(k, size, j);
 }
-template <int SIZE> static __device__ __forceinline__ void ts_sort(u64 (&k)[TS_PER]) {
-    if constexpr (SIZE > 2) ts_sort<SIZE / 2>(k);
-    ts_merge<SIZE, SIZE / 2>(k);
+template <int P> static __device__ __forceinline__ void ts_sort(u64 (&k)[P]) {
+#pragma unroll 1
+    for (int size = 2; size <= P * 32; size <<= 1) ts_merge<P>(k, size, size / 2);
 }
 
-// The block's TS_ELEMS keys (k of every thread) -> the largest TS_CHUNK, descending, in warp 0's
-// k. sm: TS_ELEMS / 2 keys.
-static __device__ void ts_block_top(u64 (&k)[TS_PER], u64 *sm) {
+// The block's shared memory for ts_top.
+struct ts_smem {
+    u64 x[TS_ELEMS / 2];     // the tournament's exchange; the filter's survivors
+    u64 gmax[TS_ELEMS / 32]; // the filter's group maxima (a group: one register of a warp)
+    u64 bound;
+    int count;
+};
+
+// The block's keys (k of every thread, TS_ELEMS; warps from `live` on hold only zeros) -> the
+// largest TS_CHUNK, descending, in warp 0's k: a sort per warp, then a tournament between the
+// warps (five barriers for 32).
+static __device__ __forceinline__ void ts_block_top(u64 (&k)[TS_PER], u64 *sm, int live) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    ts_sort<TS_CHUNK>(k);
-    for (int w = TS_WARPS / 2; w >= 1; w >>= 1) {
+    if (warp < live) ts_sort(k);
+    int span = 1; // warps at and past it hold zeros: no round for them
+    while (span < live) span <<= 1;
+    for (int w = span / 2; w >= 1; w >>= 1) {
         if (warp >= w && warp < 2 * w)
 #pragma unroll
             for (int r = 0; r < TS_PER; r++) sm[(warp - w) * TS_CHUNK + r * 32 + lane] = k[r];
@@ -135,10 +163,73 @@ static __device__ void ts_block_top(u64 (&k)[TS_PER], u64 *sm) {
                 const u64 o = sm[warp * TS_CHUNK + TS_CHUNK - 1 - (r * 32 + lane)];
                 k[r] = k[r] > o ? k[r] : o;
             }
-            ts_merge<TS_CHUNK * 2, TS_CHUNK / 2>(k); // SIZE past the chunk: all descending
+            ts_merge<TS_PER>(k, TS_CHUNK * 2, TS_CHUNK / 2); // size past the chunk: descending
         }
         __syncthreads();
     }
+}
+
+// As ts_block_top, where only the first `need` must be exact; returns how many leading keys of
+// warp 0's k are (the rest: zeros, or keys not the next largest). For need <= TS_FILTER a filter:
+// the need-th largest of the 128 groups' maxima is at most the need-th largest key, so the keys at
+// or above it are the largest (at least need of them); when they fit in TS_CHUNK, warp 0 sorts
+// only them. Else (many equal or flat keys) the full tournament. The sorts of all warps and the
+// tournament were most of the kernel's time.
+#define TS_FILTER (TS_KMAX + 1)
+static __device__ __forceinline__ int ts_top(u64 (&k)[TS_PER], ts_smem &s, int need, int live) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (need <= TS_FILTER) {
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++) {
+            u64 g = k[r];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) {
+                const u64 h = shfl_xor64(g, o);
+                g = h > g ? h : g;
+            }
+            if (lane == r) s.gmax[warp * TS_PER + r] = g;
+        }
+        if (threadIdx.x == 0) s.count = 0;
+        __syncthreads();
+        if (warp == 0) {
+            u64 g[TS_PER];
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) g[r] = s.gmax[r * 32 + lane];
+            ts_sort(g);
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) s.gmax[r * 32 + lane] = g[r];
+            __syncwarp();
+            if (lane == 0) s.bound = s.gmax[need - 1];
+        }
+        __syncthreads();
+        const u64 b = s.bound;
+        if (b) { // zero: fewer than need groups hold keys
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) {
+                const bool in = k[r] >= b;
+                const unsigned m = __ballot_sync(0xffffffffu, in);
+                int base = 0;
+                if (lane == 0 && m) base = atomicAdd(&s.count, __popc(m));
+                base = __shfl_sync(0xffffffffu, base, 0) + __popc(m & ((1u << lane) - 1));
+                if (in && base < TS_CHUNK) s.x[base] = k[r];
+            }
+            __syncthreads();
+            const int c = s.count;
+            if (c <= TS_CHUNK) {
+                if (warp == 0) {
+#pragma unroll
+                    for (int r = 0; r < TS_PER; r++) {
+                        const int j = r * 32 + lane;
+                        k[r] = j < c ? s.x[j] : 0ull;
+                    }
+                    ts_sort(k);
+                }
+                return c;
+            }
+        }
+    }
+    ts_block_top(k, s.x, live);
+    return TS_CHUNK;
 }
 
 // Warp 0: the number of leading entries of a[0, n) (n <= TS_CHUNK, keys not increasing) whose
@@ -179,11 +270,9 @@ template <class Mass> static __device__ int ts_scan(int n, float target, Mass ma
     return -1;
 }
 
-// Warp 0: whether every block's next key is below f (so every id at or above f is a candidate)
-// and the candidates at or above f fit in the sorted TS_CHUNK (m candidates in all).
-static __device__ bool ts_complete(const uint32_t *next, int nb, const u64 *top, int m, float sc,
-                                   uint32_t f) {
-    bool ok = !(m > TS_CHUNK && ts_skey(top[TS_CHUNK - 1], sc) >= f);
+// Warp 0: whether every block's next key is below f (so every id at or above f is a candidate).
+static __device__ bool ts_complete(const uint32_t *next, int nb, uint32_t f) {
+    bool ok = true;
     for (int b = threadIdx.x & 31; b < nb; b += 32) ok &= __ldcg(next + b) < f;
     return __all_sync(0xffffffffu, ok);
 }
@@ -203,7 +292,8 @@ static __device__ float ts_lse(const float2 *part, int nb) {
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_topk_kernel(const __grid_constant__ struct sample_params p) {
-    __shared__ u64 sm[TS_ELEMS / 2];
+    __shared__ ts_smem ss;
+    u64 *const sm = ss.x;
     __shared__ typename BRf::TempStorage tr;
     __shared__ typename BSf::TempStorage ts;
     __shared__ float bval, s_target, s_vmax, s_ltok;
@@ -251,28 +341,45 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (p.n_logprobs >= 0) part(1.f, t.part);
         if (spart) part(sc, t.spart);
     }
-    ts_block_top(k, sm);
-    if (warp == 0)
+    // phase 0: this block's keys -> its candidates; phase 1 (the last block): the candidates of
+    // all -> the first E exact. One call site, so the last block runs code its SM has just run.
+    // Exact: phase 0 the first kc + 1; phase 1 all a top-k, greedy or floorless call reads (its
+    // first kc), while top-p or min-p without a top-k may keep the whole TS_CHUNK. The filter's
+    // groups in phase 1 are runs of 32 candidates (a block's first kc, then the next block's):
+    // with kc above 32 a run's maximum can be a block's 33rd candidate, most candidates pass the
+    // bound and the filter only adds its cost (top-k 64: 31.9 -> 33.3 us).
+    const int m = nb * kc;
+    int E = 0;
+#pragma unroll 1
+    for (int phase = 0;; phase++) {
+        const int need = phase == 0                                           ? kc + 1
+                         : (topk || !sampling || ts_floorless(p)) && kc <= 32 ? kc + 1
+                                                                              : TS_CHUNK;
+        const int live = phase == 0 ? min(TS_WARPS, (n - b0 + TS_CHUNK - 1) / TS_CHUNK)
+                                    : (m + TS_CHUNK - 1) / TS_CHUNK;
+        E = min(ts_top(k, ss, need, live), m);
+        if (phase == 1) break;
+        TRACE_MARK(0);
+        if (warp == 0)
+#pragma unroll
+            for (int r = 0; r < TS_PER; r++) {
+                const int j = r * 32 + lane;
+                if (j < kc) t.cand[(size_t)blockIdx.x * TS_KMAX + j] = k[r];
+                if (j == kc) t.next[blockIdx.x] = b0 + kc < n ? ts_skey(k[r], sc) : 0u;
+            }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(p.counter, 1u) == (unsigned)nb - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
 #pragma unroll
         for (int r = 0; r < TS_PER; r++) {
-            const int j = r * 32 + lane;
-            if (j < kc) t.cand[(size_t)blockIdx.x * TS_KMAX + j] = k[r];
-            if (j == kc) t.next[blockIdx.x] = b0 + kc < n ? ts_skey(k[r], sc) : 0u;
+            const int j = warp * TS_CHUNK + r * 32 + lane;
+            k[r] = j < m ? __ldcg(t.cand + (size_t)(j / kc) * TS_KMAX + j % kc) : 0ull;
         }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(p.counter, 1u) == (unsigned)nb - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // the blocks' candidates -> the largest TS_CHUNK, descending, into sm[0, TS_CHUNK)
-    const int m = nb * kc;
-#pragma unroll
-    for (int r = 0; r < TS_PER; r++) {
-        const int j = warp * TS_CHUNK + r * 32 + lane;
-        k[r] = j < m ? __ldcg(t.cand + (size_t)(j / kc) * TS_KMAX + j % kc) : 0ull;
     }
-    ts_block_top(k, sm);
+    TRACE_MARK(1);
     const uint64_t rnd = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
     const float u = (float)(rnd >> 40) * (1.f / 16777216.f);
     // warp 0 selects; mode 0: it drew (or greedy), 1: the one-block sampler, 2: a draw without a
@@ -291,7 +398,6 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         int md = 0, tok = ts_id(sm[0]);
         float ltok = ts_l(sm[0]);
-        const int ntopc = m < TS_CHUNK ? m : TS_CHUNK;
         const float vmax = ts_l(sm[0]) * sc;
         // mass exp(v - vmax) of block b's ids (no top-k), of the sorted candidate j, of the kept id
         // j once sorted by id
@@ -301,7 +407,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         };
         auto cmass = [&](int j) { return __expf(ts_l(sm[j]) * sc - vmax); };
         auto imass = [&](int j) { return __expf(__uint_as_float((uint32_t)sm[j]) * sc - vmax); };
-        if (sampling && !topk && p.top_p >= 1.f && p.min_p <= 0.f) {
+        if (ts_floorless(p)) {
             // no floor: the block where u of the mass falls, in id order
             float tot, acc;
             ts_scan(nb, INFINITY, bmass, &tot);
@@ -313,11 +419,14 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         } else if (sampling) {
             uint32_t floor_key = 0;
             bool ok = true;
-            int keep = ntopc;
+            int keep = E;
+            // the kept set (a prefix: keys do not increase) is within the exact first E when a key
+            // there is below the floor, or when they are all the candidates
+            auto fits = [&](int kept) { return kept < E || E == m; };
             if (topk) { // the keys at or above the top_k-th's (kc may be larger, for logprobs)
                 floor_key = ts_skey(sm[p.top_k - 1], sc);
-                ok = ts_complete(t.next, nb, sm, m, sc, floor_key);
-                keep = ts_prefix(sm, ntopc, sc, floor_key); // a prefix: keys do not increase
+                keep = ts_prefix(sm, E, sc, floor_key);
+                ok = ts_complete(t.next, nb, floor_key) && fits(keep);
             }
             if (ok && p.top_p < 1.f) { // the smallest prefix of whole key groups reaching top_p
                 float z, before;
@@ -335,20 +444,29 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
                 const uint32_t tm = fkey(vmax + logf(p.min_p));
                 floor_key = tm > floor_key ? tm : floor_key;
             }
-            if (!topk) ok = ok && ts_complete(t.next, nb, sm, m, sc, floor_key);
             if (ok) {
                 keep = ts_prefix(sm, keep, sc, floor_key); // >= 1: the first id's key is vmax's
+                ok = fits(keep) && (topk || ts_complete(t.next, nb, floor_key));
+            }
+            if (ok) {
                 // draw in id order: (id, logit bits) ascending, sorted descending as complements
-#pragma unroll
-                for (int r = 0; r < TS_PER; r++) {
-                    const int j = r * 32 + lane;
-                    k[r] = j < keep ? ~(((u64)ts_id(sm[j]) << 32) | __float_as_uint(ts_l(sm[j])))
+                auto by_id = [&](int j) {
+                    return j < keep ? ~(((u64)ts_id(sm[j]) << 32) | __float_as_uint(ts_l(sm[j])))
                                     : 0ull;
-                }
-                ts_sort<TS_CHUNK>(k);
-                __syncwarp();
+                };
+                if (keep <= 32) { // the usual top-k sets: one key per lane
+                    u64 q[1] = {by_id(lane)};
+                    ts_sort(q);
+                    __syncwarp();
+                    sm[lane] = ~q[0];
+                } else {
 #pragma unroll
-                for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = ~k[r];
+                    for (int r = 0; r < TS_PER; r++) k[r] = by_id(r * 32 + lane);
+                    ts_sort(k);
+                    __syncwarp();
+#pragma unroll
+                    for (int r = 0; r < TS_PER; r++) sm[r * 32 + lane] = ~k[r];
+                }
                 __syncwarp();
                 float total, before;
                 ts_scan(keep, INFINITY, imass, &total);
@@ -362,6 +480,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (lane == 0 && p.path) *p.path = md;
     }
     __syncthreads();
+    TRACE_MARK(2);
     if (mode == 1) {
         sample_full(p);
         return;
