@@ -53,21 +53,29 @@ __global__ void __launch_bounds__(THREADS)
 // fetching code from wherever it is.
 #define JC_ADD(K, J)                                                                               \
     asm volatile("mad.lo.u32 %0, %0, %1, %2;"                                                      \
-                 : "+r"(y[J & 3])                                                                  \
-                 : "r"(y[(J + 1) & 3]), "n"(K * 16 + J));
+                 : "+r"(y[(J)&3])                                                                  \
+                 : "r"(y[((J) + 1) & 3]), "n"((K)*16 + (J)))
+#define JC_ADD4(K, J)                                                                              \
+    JC_ADD(K, J);                                                                                  \
+    JC_ADD(K, J + 1);                                                                              \
+    JC_ADD(K, J + 2);                                                                              \
+    JC_ADD(K, J + 3)
 #define JC_CASE(K)                                                                                 \
     case K:                                                                                        \
-        JC_ADD(K, 0)                                                                               \
-        JC_ADD(K, 1)                                                                               \
-        JC_ADD(K, 2)                                                                               \
-        JC_ADD(K, 3)                                                                               \
-        JC_ADD(K, 4) JC_ADD(K, 5) JC_ADD(K, 6) JC_ADD(K, 7) JC_ADD(K, 8) JC_ADD(K, 9)              \
-            JC_ADD(K, 10) JC_ADD(K, 11) JC_ADD(K, 12) JC_ADD(K, 13) JC_ADD(K, 14)                  \
-                JC_ADD(K, 15) break;
+        JC_ADD4(K, 0);                                                                             \
+        JC_ADD4(K, 4);                                                                             \
+        JC_ADD4(K, 8);                                                                             \
+        JC_ADD4(K, 12);                                                                            \
+        break
 #define JC_8(B)                                                                                    \
-    JC_CASE(B)                                                                                     \
-    JC_CASE(B + 1)                                                                                 \
-    JC_CASE(B + 2) JC_CASE(B + 3) JC_CASE(B + 4) JC_CASE(B + 5) JC_CASE(B + 6) JC_CASE(B + 7)
+    JC_CASE(B);                                                                                    \
+    JC_CASE(B + 1);                                                                                \
+    JC_CASE(B + 2);                                                                                \
+    JC_CASE(B + 3);                                                                                \
+    JC_CASE(B + 4);                                                                                \
+    JC_CASE(B + 5);                                                                                \
+    JC_CASE(B + 6);                                                                                \
+    JC_CASE(B + 7)
 constexpr int JCASES = 64;
 
 __global__ void __launch_bounds__(THREADS)
@@ -80,7 +88,14 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll 1
         for (int i = 0; i < JCASES; i++) {
             switch ((i * stride) & (JCASES - 1)) {
-                JC_8(0) JC_8(8) JC_8(16) JC_8(24) JC_8(32) JC_8(40) JC_8(48) JC_8(56)
+                JC_8(0);
+                JC_8(8);
+                JC_8(16);
+                JC_8(24);
+                JC_8(32);
+                JC_8(40);
+                JC_8(48);
+                JC_8(56);
             }
         }
         asm volatile("mov.u64 %0, %%clock64;" : "=l"(t1)::"memory");
