@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         auto part = [&](float s, float2 *out) {
             float z = 0.f;
 #pragma unroll
-            for (int r = 0; r < TS_PER; r++)
-                if (k[r]) z += __expf(ts_l(k[r]) * s - mx * s);
+            for (int r = 0; r < TS_PER; r++) // a block of -inf logits: (-inf, 0), not NaN
+                if (k[r] && mx > -INFINITY) z += __expf(ts_l(k[r]) * s - mx * s);
             z = BRf(tr).Sum(z);
             if (tid == 0) out[blockIdx.x] = make_float2(mx * s, z);
             __syncthreads(); // tr is used again
