@@ -1,14 +1,15 @@
 // The candidate sampler: every block keeps its slice's best, the last block selects and draws.
 // Block b takes ids [b TS_ELEMS, (b + 1) TS_ELEMS) and keeps its first kc (the candidate count:
-// top-k, or TS_KMAX without one; top logprobs; 1 for greedy) in the order (penalised logit desc,
-// id asc), with the scaled key of its next one and its (max, sum of exp) for the log-partition
-// and the scaled mass. That order is total and the same in every block, so the global first kc are
-// among the blocks' first kc. A floor on the scaled key (top-k: the top_k-th's, ties included;
-// top-p: the group where the mass from the top reaches top_p of all; min-p) keeps exactly the
-// candidates above it when no block's next key reaches it and the kept set fits in TS_CHUNK; else
-// (identical logits tied at a block's cut, top-p over more than TS_CHUNK ids) the last block runs
-// the one-block sampler instead. Without any floor the draw picks a block by its mass and then an
-// id in it, both in id order.
+// top-k, or TS_KMAX for top-p / min-p without one; top logprobs; 1 for greedy or a draw without a
+// floor) in the order (penalised logit desc, id asc), with the scaled key of its next one and its
+// (max, sum of exp) for the log-partition and the scaled mass. That order is total and the same in
+// every block, so the global first kc are among the blocks' first kc. A floor on the scaled key
+// (top-k: the top_k-th's, ties included; top-p: the group where the mass from the top reaches top_p
+// of all; min-p) keeps exactly the candidates above it when no block's next key reaches it and the
+// kept set fits in TS_CHUNK; else (identical logits tied at a block's cut, top-p over more than
+// TS_CHUNK ids) the last block runs the one-block sampler instead. Without any floor the draw picks
+// a block by its mass and then an id in it, both in id order.
+//
 // The selection (ts_top): the kc + 1 largest of a block's keys are at or above the (kc + 1)-th
 // largest of its 128 groups' maxima, so usually a few dozen keys pass that bound and one warp sorts
 // them (bitonic, in registers, by shuffles). Where more pass (flat or tied logits, or top-p without
