@@ -20,8 +20,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     unsigned long long best = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n_vocab;
          i += gridDim.x * blockDim.x) {
-        unsigned long long k =
-            ((unsigned long long)fkey(p.logits[i]) << 32) | (0xFFFFFFFFu - (uint32_t)i);
+        unsigned long long k = lkey(p.logits[i], i);
         best = k > best ? k : best;
     }
 #pragma unroll
@@ -38,7 +37,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     if (!last || threadIdx.x) return;
     __threadfence();
     unsigned long long k = atomicExch(p.argmax, 0ull);
-    int tok = (int)(0xFFFFFFFFu - (uint32_t)(k & 0xFFFFFFFFu));
+    int tok = lkey_id(k);
     *p.counter = 0;
     emit(p, tok, 0.f, 0, nullptr, nullptr);
 }

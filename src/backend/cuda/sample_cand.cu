@@ -77,19 +77,10 @@ static bool ts_eligible(const struct sample_params &p) {
     return kc >= 1 && kc <= TS_KMAX && (size_t)ts_blocks(p.n_vocab) * kc <= TS_ELEMS;
 }
 
-static __device__ __forceinline__ u64 ts_key(float l, int i) {
-    return ((u64)fkey(l) << 32) | (0xFFFFFFFFu - (uint32_t)i);
-}
-static __device__ __forceinline__ float ts_l(u64 k) {
-    return kfloat((uint32_t)(k >> 32));
-}
-static __device__ __forceinline__ int ts_id(u64 k) {
-    return (int)(0xFFFFFFFFu - (uint32_t)k);
-}
 // The key top-k, top-p and min-p compare: of the logit scaled by 1 / temperature (v = l sc, as
 // the one-block kernel computes it).
 static __device__ __forceinline__ uint32_t ts_skey(u64 k, float sc) {
-    return fkey(ts_l(k) * sc);
+    return fkey(lkey_logit(k) * sc);
 }
 
 static __device__ __forceinline__ u64 shfl_xor64(u64 v, int m) {
@@ -321,7 +312,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         k[r] = 0; // below every id's key
         if (i < n) {
             const float l = pen_logit(p, i);
-            k[r] = ts_key(l, i), mx = fmaxf(mx, l);
+            k[r] = lkey(l, i), mx = fmaxf(mx, l);
         }
     }
     if (p.n_logprobs >= 0 || spart) { // this slice's parts of the log-partition and scaled mass
@@ -334,7 +325,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             float z = 0.f;
 #pragma unroll
             for (int r = 0; r < TS_PER; r++) // a block of -inf logits: (-inf, 0), not NaN
-                if (k[r] && mx > -INFINITY) z += __expf(ts_l(k[r]) * s - mx * s);
+                if (k[r] && mx > -INFINITY) z += __expf(lkey_logit(k[r]) * s - mx * s);
             z = BRf(tr).Sum(z);
             if (tid == 0) out[blockIdx.x] = make_float2(mx * s, z);
             __syncthreads(); // tr is used again
@@ -395,18 +386,19 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (p.n_logprobs >= 0) {
             lse = ts_lse(t.part, nb);
             nt = min(min(p.n_logprobs, WREN_MAX_TOP_LOGPROBS), n);
-            if (lane < nt) top_id[lane] = ts_id(sm[lane]), top_lp[lane] = ts_l(sm[lane]) - lse;
+            if (lane < nt)
+                top_id[lane] = lkey_id(sm[lane]), top_lp[lane] = lkey_logit(sm[lane]) - lse;
         }
-        int md = 0, tok = ts_id(sm[0]);
-        float ltok = ts_l(sm[0]);
-        const float vmax = ts_l(sm[0]) * sc;
+        int md = 0, tok = lkey_id(sm[0]);
+        float ltok = lkey_logit(sm[0]);
+        const float vmax = lkey_logit(sm[0]) * sc;
         // mass exp(v - vmax) of block b's ids (no top-k), of the sorted candidate j, of the kept id
         // j once sorted by id
         auto bmass = [&](int b) {
             const float2 sb = __ldcg(t.spart + b);
             return sb.y * __expf(sb.x - vmax);
         };
-        auto cmass = [&](int j) { return __expf(ts_l(sm[j]) * sc - vmax); };
+        auto cmass = [&](int j) { return __expf(lkey_logit(sm[j]) * sc - vmax); };
         auto imass = [&](int j) { return __expf(__uint_as_float((uint32_t)sm[j]) * sc - vmax); };
         if (ts_floorless(p)) {
             // no floor: the block where u of the mass falls, in id order
@@ -452,8 +444,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             if (ok) {
                 // draw in id order: (id, logit bits) ascending, sorted descending as complements
                 auto by_id = [&](int j) {
-                    return j < keep ? ~(((u64)ts_id(sm[j]) << 32) | __float_as_uint(ts_l(sm[j])))
-                                    : 0ull;
+                    return j < keep
+                               ? ~(((u64)lkey_id(sm[j]) << 32) | __float_as_uint(lkey_logit(sm[j])))
+                               : 0ull;
                 };
                 if (keep <= 32) { // the usual top-k sets: one key per lane
                     u64 q[1] = {by_id(lane)};

@@ -16,6 +16,17 @@ static __device__ __forceinline__ uint32_t fkey(float f) { // order-preserving f
 static __device__ __forceinline__ float kfloat(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
+// Logit l of id i as one 64-bit key: larger logit first, ties to the lower id (every sampler's
+// order; 0 is below every id's key).
+static __device__ __forceinline__ unsigned long long lkey(float l, int i) {
+    return ((unsigned long long)fkey(l) << 32) | (0xFFFFFFFFu - (uint32_t)i);
+}
+static __device__ __forceinline__ float lkey_logit(unsigned long long k) {
+    return kfloat((uint32_t)(k >> 32));
+}
+static __device__ __forceinline__ int lkey_id(unsigned long long k) {
+    return (int)(0xFFFFFFFFu - (uint32_t)k);
+}
 
 static __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
@@ -126,16 +137,12 @@ static __device__ void sample_full(const struct sample_params &p) {
     }
     // block argmax of the penalised logits (ties: lower id)
     {
-        unsigned long long k =
-            mi == 0x7fffffff ? 0ull
-                             : ((unsigned long long)fkey(mx) << 32) | (0xFFFFFFFFu - (uint32_t)mi);
+        unsigned long long k = mi == 0x7fffffff ? 0ull : lkey(mx, mi);
         typedef cub::BlockReduce<unsigned long long, SAMPLE_THREADS> BRu;
         __shared__ typename BRu::TempStorage tr;
         unsigned long long best = BRu(tr).Reduce(
             k, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; });
-        if (tid == 0)
-            sm.bu = (uint32_t)(0xFFFFFFFFu - (uint32_t)(best & 0xFFFFFFFFu)),
-            sm.bf = kfloat((uint32_t)(best >> 32));
+        if (tid == 0) sm.bu = (uint32_t)lkey_id(best), sm.bf = lkey_logit(best);
         __syncthreads();
         mi = (int)sm.bu;
         mx = sm.bf;
