@@ -18,21 +18,30 @@ static __device__ __forceinline__ int attn_len(const struct attn_params &p) {
 }
 
 // Context slice [start, end) of split sidx: the length L is cut into p.splits slices rounded up to
-// ATT_TILE tokens. An empty slice writes the neutral partial (m = -inf, l = 0) for its G heads and
-// returns false.
+// ATT_TILE tokens (empty past the length).
 static __device__ __forceinline__ int attn_chunk(int L, int splits) {
     const int chunk = (L + splits - 1) / splits;
     return (chunk + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
 }
-static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, int L, int sidx,
-                                                  int G, float *part, int &start, int &end) {
+static __device__ __forceinline__ void attn_range(const struct attn_params &p, int L, int sidx,
+                                                  int &start, int &end) {
     const int chunk = attn_chunk(L, p.splits);
     start = sidx * chunk, end = min(L, start + chunk);
+}
+// An empty slice's neutral partial (m = -inf, l = 0) for its G heads. The partials' workspace is
+// what the previous attention layer's combine read: written only after the programmatic wait.
+static __device__ __forceinline__ void attn_empty(const struct attn_params &p, int G, float *part) {
+    if ((int)threadIdx.x < G) {
+        float *pt = part + (size_t)threadIdx.x * (p.hd + 2) + p.hd;
+        pt[0] = -INFINITY, pt[1] = 0.f;
+    }
+}
+// attn_range, then attn_empty where the slice is empty (returns false).
+static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, int L, int sidx,
+                                                  int G, float *part, int &start, int &end) {
+    attn_range(p, L, sidx, start, end);
     if (start < end) return true;
-    if ((int)threadIdx.x < G)
-        part[(size_t)threadIdx.x * (p.hd + 2) + p.hd] = -INFINITY,
-                                                part[(size_t)threadIdx.x * (p.hd + 2) + p.hd + 1] =
-                                                    0.f;
+    attn_empty(p, G, part);
     return false;
 }
 
@@ -43,6 +52,13 @@ static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, i
 #define AM_HD 256
 #define AM_KT 16 // keys per warp tile
 #define AM_NW 4  // warps per block
+
+// Whether a slice's tile of AM_KT keys from k0 holds only rows that earlier steps wrote: all but
+// the row at L - 1, which this step's prep kernel appends. Such tiles may be copied before the
+// programmatic-launch wait, so that their DRAM round trip overlaps the prep.
+static __device__ __forceinline__ bool attn_tile_old(int k0, int end, int L) {
+    return min(k0 + AM_KT, end) < L;
+}
 
 static __device__ __forceinline__ int amswz(int r, int c) { // chunk c (8 bf16) of row r
     return r * AM_HD + ((c ^ (r & 7)) << 3);

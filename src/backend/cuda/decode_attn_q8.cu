@@ -76,12 +76,9 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
     TRACE_BEGIN();
     pdl_trigger();
     const int L = attn_len(p);
-    pdl_wait();
-    TRACE_WAIT();
-    float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
     int start, end;
-    if (!attn_slice(p, L, sidx, G, part, start, end)) return;
-    const int ntiles = (end - start + AM_KT - 1) / AM_KT;
+    attn_range(p, L, sidx, start, end);
+    const int ntiles = start < end ? (end - start + AM_KT - 1) / AM_KT : 0;
     const size_t row = (size_t)p.kv_row;
     // A tile's copies: lane copies chunk cc of rows 2 i + cb (i < 8) of K and V, and one 16-byte
     // scale chunk (lanes < 16: K scales of key lane, else V scales of key lane - 16). Row 2 i + cb
@@ -119,9 +116,22 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
         const bool ok = cc < nk;
         cp_async16(st + 2 * AM_KT * AM_HD + lane * 16, sg + (ok ? o : 0), ok);
     };
+    // the first stages' tiles before the wait where they hold only earlier steps' rows
+    bool early[AQ_NS - 1];
 #pragma unroll
     for (int i = 0; i < AQ_NS - 1; i++) {
-        if (warp + i * AM_NW < ntiles) load_tile(kvw + i * AQ_STAGE, warp + i * AM_NW);
+        const int j = warp + i * AM_NW;
+        early[i] = j < ntiles && attn_tile_old(start + j * AM_KT, end, L);
+        if (early[i]) load_tile(kvw + i * AQ_STAGE, j);
+    }
+    pdl_wait();
+    TRACE_WAIT();
+    float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
+    if (start >= end) return attn_empty(p, G, part);
+#pragma unroll
+    for (int i = 0; i < AQ_NS - 1; i++) {
+        const int j = warp + i * AM_NW;
+        if (j < ntiles && !early[i]) load_tile(kvw + i * AQ_STAGE, j);
         cp_async_commit();
     }
 
