@@ -46,7 +46,8 @@ static void t_plain(int bits, int group, int rows1, int rows2, int cols, bool no
 }
 
 // One large matrix alone: the streaming kernel on sm_90+ (decode_stream.cu), against the host and
-// bitwise against the register-pipelined kernel.
+// bitwise against the register-pipelined kernel; then three launches that take part of their
+// stages from a counter pair (the decode step's lm_head), each the same bits, the pair zero after.
 static void t_stream(int bits, int group, int rows, int cols) {
     struct tmat A = make_mat(1, rows, cols, bits, group);
     std::vector<float> x = rnd_vec(cols, -2, 2), nw = rnd_vec(cols, 0.5f, 1.5f), xn;
@@ -58,6 +59,18 @@ static void t_stream(int bits, int group, int rows, int cols) {
     p.nseg = 1;
     const bool streamed = qstream_eligible(&p);
     WK(gemv_launch(&p, 0, &err_));
+    unsigned *sched;
+    CK(cudaMalloc(&sched, 8));
+    CK(cudaMemset(sched, 0, 8));
+    std::vector<float *> os(3);
+    for (float *&o : os) {
+        o = dev_poison(rows);
+        p.seg[0].out = o, p.sched = sched;
+        WK(gemv_launch(&p, 0, &err_));
+    }
+    unsigned left[2];
+    CK(cudaMemcpy(left, sched, 8, cudaMemcpyDeviceToHost));
+    p.sched = nullptr;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     qstream_configure(prop.major, prop.multiProcessorCount, prop.sharedMemPerBlockOptin, true);
@@ -83,6 +96,20 @@ static void t_stream(int bits, int group, int rows, int cols) {
              "gemv b%d g%d %dx%d: same bits as the pipelined kernel (%zu differ)", bits, group,
              rows, cols, diff);
     check_true(name, diff == 0);
+    for (size_t k = 0; k < os.size(); k++) {
+        std::vector<float> g3 = host_copy(os[k], rows);
+        diff = 0;
+        for (int r = 0; r < rows; r++) diff += memcmp(&g1[r], &g3[r], 4) != 0;
+        snprintf(name, sizeof name,
+                 "gemv b%d g%d %dx%d: stages from a counter, launch %zu: same bits (%zu differ)",
+                 bits, group, rows, cols, k + 1, diff);
+        check_true(name, diff == 0);
+        CK(cudaFree(os[k]));
+    }
+    snprintf(name, sizeof name, "gemv b%d g%d %dx%d: the counters left at zero (%u, %u)", bits,
+             group, rows, cols, left[0], left[1]);
+    check_true(name, left[0] == 0 && left[1] == 0);
+    CK(cudaFree(sched));
     CK(cudaFree(dx));
     CK(cudaFree(dnw));
     CK(cudaFree(o1));

@@ -280,6 +280,7 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
         {(void **)&w->work, sample_work_bytes(c->vocab)},
         {(void **)&w->argmax, 8},
         {(void **)&w->scounter, 4},
+        {(void **)&w->lm_sched, 8},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (dalloc(cb, t[i].n, t[i].p, e)) return -1;

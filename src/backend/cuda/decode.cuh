@@ -65,6 +65,9 @@ struct gemv_params {
     int qx_out_bits;
     const uint8_t *qx_in;
     int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
+    // A streamed launch (qstream, the lm_head) takes a quarter of its stages from this pair of
+    // counters (zero, and left zero) instead of dealing them all out statically; NULL: static.
+    unsigned *sched;
 };
 
 // Runs the int8-activation dp4a kernel (decode_qgemv.cu) when qgemv_eligible, else the
@@ -217,6 +220,7 @@ struct decode_ws {
     float *work;     // sampler scratch (sample_work_bytes)
     unsigned long long *argmax;
     unsigned *scounter;
+    unsigned *lm_sched; // [2] the lm_head launch's stage pool (gemv_params.sched)
     struct sampled_token *ring, *ring_dev; // host-mapped ring (host and device views)
     int ring_n;
     int splits; // attention split-KV blocks per KV head

@@ -227,5 +227,6 @@ int decode_enqueue(struct cuda_ctx *cx, struct decode_ws *ws, struct cuda_state 
     }
     struct gemv_params gp = gemv_in(ws->x, c->hidden, cx->dm.final_norm, c->rms_eps);
     gp.seg[gp.nseg++] = seg_of(&cx->dm.lm_head, EPI_STORE, st->logits);
+    gp.sched = ws->lm_sched;
     return PROF(DP_LM_HEAD, gemv_launch(&gp, cx->stream, e));
 }

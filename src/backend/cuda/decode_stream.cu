@@ -4,7 +4,10 @@
 // thread per block bulk-copies (TMA 1-D) stages of QS_ROWS consecutive rows with their scales and
 // biases into a ring in shared memory, NST stages ahead (~200 KB in flight per SM), and 7 consumer
 // warps take 2 rows of each stage with the same int8 activation and dp4a dot products (qdot).
-// The block's rows are contiguous, so a stage is three contiguous copies. Hopper and newer.
+// A stage is three contiguous copies. Blocks that become resident only after the previous launch
+// ends (a quarter of them in the trace) start ~10 us after the others, so only the first three
+// quarters of the stages are dealt out statically; the rest are taken one at a time from a counter
+// as ring slots free up, so the blocks finish together. Hopper and newer.
 #include "backend/cuda/qgemv_dev.cuh"
 
 #define QS_CWARPS 7                  // consumer warps; the 8th is the producer
@@ -20,6 +23,8 @@ struct qs_params {
     int C, ng, gshift; // 16-byte chunks per row, scale groups per row, log2(chunks per group)
     int nst;           // stages in the ring
     long nstages;      // stages of the whole matrix
+    unsigned *sched; // [2]: stages taken from the pool, blocks done with it (zero between launches)
+    long nstat;      // with sched: stages dealt statically to each block
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -68,11 +73,14 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     extern __shared__ __align__(128) uint8_t qs_sm[];
     __shared__ float red[32];
     __shared__ __align__(8) uint64_t full[QS_MAXST], empty[QS_MAXST];
+    __shared__ long sidx[QS_MAXST]; // the stage in each ring slot (-1: the block is done)
     TRACE_BEGIN();
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nst = p.nst;
-    const long s0 = blockIdx.x * p.nstages / gridDim.x,
-               n = (blockIdx.x + 1) * p.nstages / gridDim.x - s0;
+    // the block's statically dealt stages [lo, lo + cnt); with sched, then the pool [base, nstages)
+    const long lo = p.sched ? blockIdx.x * p.nstat : blockIdx.x * p.nstages / gridDim.x;
+    const long cnt = p.sched ? p.nstat : (blockIdx.x + 1) * p.nstages / gridDim.x - lo;
+    const long base = p.nstat * gridDim.x;
     const size_t wb = (size_t)QS_ROWS * p.C * 16, sb = (size_t)QS_ROWS * p.ng * 2;
     const size_t stb = wb + 2 * sb;
     if (threadIdx.x == 0) {
@@ -82,10 +90,27 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     __syncthreads();
     const bool producer = warp == QS_CWARPS && lane == 0;
     const uint64_t pol = l2_stream();
-    // stage i of this block: rows [row0, row0 + nr) into ring slot i % nst
+    long ahead = -1; // the producer's next stage from the pool, requested one stage ahead
+    // the producer: the block's i-th stage into ring slot i % nst; false once there is none
     auto issue = [&](long i) {
         const int slot = (int)(i % nst);
-        const long row0 = (s0 + i) * QS_ROWS;
+        long g = i < cnt ? lo + i : p.nstages;
+        if (i >= cnt && p.sched) {
+            g = ahead >= 0 ? ahead : base + atomicAdd(p.sched, 1u);
+            ahead = g < p.nstages ? base + atomicAdd(p.sched, 1u) : -1;
+        }
+        if (g >= p.nstages) {
+            sidx[slot] = -1;
+            mbar_arrive(&full[slot]);
+            if (p.sched) { // the last block done with the pool resets it for the next launch
+                __threadfence();
+                if (atomicAdd(p.sched + 1, 1u) == gridDim.x - 1)
+                    atomicExch(p.sched, 0u), atomicExch(p.sched + 1, 0u);
+            }
+            return false;
+        }
+        sidx[slot] = g;
+        const long row0 = g * QS_ROWS;
         const int nr = (int)min((long)QS_ROWS, p.rows - row0);
         uint8_t *st = qs_sm + slot * stb;
         const uint32_t w = (uint32_t)nr * p.C * 16, s = (uint32_t)nr * p.ng * 2;
@@ -93,10 +118,12 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
         bulk_copy(st, p.a.data + row0 * p.a.row_stride, w, &full[slot], pol);
         bulk_copy(st + wb, p.a.scales + row0 * p.a.sb_row_stride, s, &full[slot], pol);
         bulk_copy(st + wb + sb, p.a.biases + row0 * p.a.sb_row_stride, s, &full[slot], pol);
+        return true;
     };
     // the weights are constant: the first stages stream while the previous kernel finishes
+    bool more = true;
     if (producer)
-        for (long i = 0; i < n && i < nst; i++) issue(i);
+        for (long i = 0; i < nst && more; i++) more = issue(i);
     const qx_src in = {p.x, p.cols, p.norm_w, nullptr, nullptr, 0, p.eps};
     qx_w nw;
     qx_prefetch(in, nw);
@@ -106,18 +133,20 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qx_build<BITS>(in, nw, q, red);
     if (warp == QS_CWARPS) {
         if (producer)
-            for (long i = nst; i < n; i++) {
+            for (long i = nst; more; i++) {
                 mbar_wait(&empty[i % nst], (uint32_t)((i / nst - 1) & 1));
-                issue(i);
+                more = issue(i);
             }
         return;
     }
     const int nit = (p.C + QG_CHUNKS - 1) / QG_CHUNKS;
-    for (long i = 0; i < n; i++) {
+    for (long i = 0;; i++) {
         const int slot = (int)(i % nst);
-        const long row0 = (s0 + i) * QS_ROWS;
-        const int nr = (int)min((long)QS_ROWS, p.rows - row0), r = QG_R * warp;
         mbar_wait(&full[slot], (uint32_t)((i / nst) & 1));
+        const long stage = sidx[slot];
+        if (stage < 0) break;
+        const long row0 = stage * QS_ROWS;
+        const int nr = (int)min((long)QS_ROWS, p.rows - row0), r = QG_R * warp;
         const uint8_t *st = qs_sm + slot * stb;
         float acc[QG_R] = {0.f, 0.f};
         if (r < nr) {
@@ -198,6 +227,7 @@ int qstream_launch(const struct gemv_params *p, cudaStream_t s, struct wren_err 
     q.gshift = log2i(g->a.group / (128 / bits));
     q.nst = qs_stages(p, &g->a);
     q.nstages = ((long)q.rows + QS_ROWS - 1) / QS_ROWS;
+    q.sched = p->sched;
     const size_t smem = (size_t)q.nst * qs_stage_bytes(q.C, q.ng) + qx_bytes(p->cols / 32);
     void (*k)(const struct qs_params) = bits == 4 ? qstream_kernel<4> : qstream_kernel<8>;
     static size_t attr[2];
@@ -207,6 +237,7 @@ int qstream_launch(const struct gemv_params *p, cudaStream_t s, struct wren_err 
     }
     long blocks = (long)QG_BLOCKS_PER_SM * g_qs_sms;
     if (blocks > q.nstages) blocks = q.nstages;
+    q.nstat = q.sched ? q.nstages * 3 / 4 / blocks : 0;
     CUDA_CHECK(pdl_launch(k, dim3((unsigned)blocks), dim3(QG_THREADS), smem, s, decode_pdl(), q));
     return 0;
 }
