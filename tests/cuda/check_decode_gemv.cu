@@ -330,6 +330,9 @@ int main(void) {
     t_plain(4, 32, 301, 64, 3072, false);
     t_plain(8, 32, 5, 1023, 1056, true);
     t_plain(4, 64, 2600, 3, 4096, false);
+    // up to three row sets per warp (the DeltaNet in_proj's shape): the third step copied early
+    t_plain(4, 64, 8192, 4160, 2048, true);
+    t_plain(4, 32, 8191, 4161, 2048, false);
     t_stream(4, 64, 248320, 2048); // the lm_head
     t_stream(4, 32, 40013, 1024);  // a last stage of 1 row
     t_stream(8, 64, 33001, 2048);
