@@ -64,7 +64,7 @@ struct gemv_params {
     uint8_t *qx_out;
     int qx_out_bits;
     const uint8_t *qx_in;
-    int q_rs, q_nit, q_gshift, q_third; // filled by gemv_launch (int8 kernel)
+    int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
     // A streamed launch (qstream, the lm_head) takes a quarter of its stages from this pair of
     // counters (zero, and left zero) instead of dealing them all out statically; NULL: static.
     unsigned *sched;

@@ -125,23 +125,6 @@ static __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(n) : "memory");
 }
 
-// A warp's third step (q_third): qrun pipelines two steps deep, so it would request the third only
-// after the first step's dot products, one more DRAM round trip on the chain of every warp that has
-// one. Instead the kernel copies it into the warp's slot of shared memory up front (before the
-// wait, or right after the routing for routed experts): the chunks as they are, and the aligned
-// 4-byte word holding each scale and bias (only the bytes up to its end are read).
-struct q3_slot {
-    uint4 w[QG_R][QG_U][32];
-    uint32_t s[QG_R][QG_U][32], b[QG_R][QG_U][32];
-};
-static __device__ __forceinline__ void q3_copy(uint32_t *dst, const uint8_t *a, bool ok) {
-    const uintptr_t u = (uintptr_t)a;
-    cp_async4(dst, (const void *)(u & ~(uintptr_t)3), ok ? (u & 2 ? 4 : 2) : 0);
-}
-static __device__ __forceinline__ uint16_t q3_half(uint32_t word, const uint8_t *a) {
-    return (uint16_t)((uintptr_t)a & 2 ? word >> 16 : word);
-}
-
 template <int BITS, bool SPLIT>
 __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     qgemv_kernel(const __grid_constant__ struct gemv_params p) {
@@ -175,8 +158,7 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     const int C = p.cols * BITS / 128, nit = p.q_nit, RS = p.q_rs;
     const route_smem *rt = !SPLIT && p.topk_K > 0 ? &route : nullptr;
     const int nsteps = gw < RS ? (SPLIT ? 1 : ((RS - 1 - gw) / W + 1) * nit) : 0;
-    // f(i, u, weights, scale, bias, in range) for the chunks of step (rs, it) this lane loads
-    auto each = [&](int rs, int it, auto f) {
+    auto load = [&](qstage &S, int rs, int it) {
         const int k = seg_of_rs(p, rs);
         const struct gemv_seg &sg = p.seg[k];
         const int local = rs - sg.rs0;
@@ -195,40 +177,9 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             for (int u = 0; u < QG_U; u++) {
                 const int c = it * QG_CHUNKS + u * 32 + lane;
                 const unsigned g = (unsigned)(c >> p.q_gshift) * 2;
-                f(i, u, rw + (unsigned)c * 16, sc + g, bi + g, c < C);
+                qload(S, i, u, rw + (unsigned)c * 16, sc + g, bi + g, c < C);
             }
         }
-    };
-    auto load = [&](qstage &S, int rs, int it) {
-        each(rs, it,
-             [&](int i, int u, const uint8_t *w, const uint8_t *sc, const uint8_t *bi, bool ok) {
-                 qload(S, i, u, w, sc, bi, ok);
-             });
-    };
-    // the third step (q3_slot): step (rs3, it3) of the warp, when it has three or more
-    const int rs3 = gw + (2 / nit) * W, it3 = 2 % nit;
-    q3_slot *slot3 = reinterpret_cast<q3_slot *>(qsm + qx_bytes(p.cols >> 5)) + warp;
-    bool pre3 = false;
-    auto load3 = [&]() {
-        const uint64_t pol = l2_stream();
-        each(rs3, it3,
-             [&](int i, int u, const uint8_t *w, const uint8_t *sc, const uint8_t *bi, bool ok) {
-                 cp_async16(&slot3->w[i][u][lane], ok ? w : qsm, ok, pol);
-                 q3_copy(&slot3->s[i][u][lane], sc, ok);
-                 q3_copy(&slot3->b[i][u][lane], bi, ok);
-             });
-        cp_async_commit();
-        pre3 = true;
-    };
-    auto load_or3 = [&](qstage &S, int rs, int it) {
-        if (!pre3 || rs != rs3 || it != it3) return load(S, rs, it);
-        cp_async_wait<0>(); // a lane reads only the chunks it copied
-        each(rs, it,
-             [&](int i, int u, const uint8_t *, const uint8_t *sc, const uint8_t *bi, bool) {
-                 S.w[i][u] = slot3->w[i][u][lane];
-                 S.s[i][u] = q3_half(slot3->s[i][u][lane], sc);
-                 S.b[i][u] = q3_half(slot3->b[i][u][lane], bi);
-             });
     };
     // residual rows (EPI_ADD) this lane will finish first (lane j parks the warp's j-th row set):
     // read right after the wait, so that epilogue is a store, not a round trip
@@ -300,7 +251,6 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     if (nsteps > 0 && !p.seg[seg_of_rs(p, gw)].idx) {
         load(A, gw, 0), npre = 1;
         if (nsteps > 1 && !p.seg[seg_of_rs(p, rs1)].idx) load(B, rs1, it1), npre = 2;
-        if (p.q_third && nsteps > 2 && npre == 2 && !p.seg[seg_of_rs(p, rs3)].idx) load3();
     }
     pdl_wait();
     TRACE_WAIT();
@@ -319,19 +269,14 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
     // routed experts' first steps right after the routing, so they stream during the prologue
     if (npre < 1 && nsteps > 0) load(A, gw, 0), npre = 1;
     if (npre < 2 && nsteps > 1) load(B, rs1, it1), npre = 2;
-    const bool late3 = p.q_third && nsteps > 2 && !pre3; // its copies after the activation's
-    if (late3) load3();
     if (p.qx_in) {
-        if (late3)
-            cp_async_wait<1>();
-        else
-            cp_async_wait<0>();
+        cp_async_wait<0>();
         __syncthreads();
     } else {
         qx_build<BITS>(in, nw, q, red);
     }
     TRACE_MARK(1);
-    qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load_or3, finish);
+    qrun<BITS>(nsteps, nit, C, gw, W, q, A, B, npre, load, finish);
 }
 
 // Whether the int8 path takes this launch: 4- or 8-bit matrices of one format and group size,
@@ -386,20 +331,15 @@ int qgemv_launch(struct gemv_params *p, cudaStream_t s, struct wren_err *e) {
     p->q_gshift = log2i(p->seg[0].a.group / (128 / bits));
     const bool split =
         !g_no_split && p->q_nit == 2 && !routed && p->topk_K == 0 && !p->qx_in && split_fits(rs);
-    p->q_third = 0;
     int blocks;
     if (split) {
         blocks = (rs + QS_PAIRS - 1) / QS_PAIRS;
     } else {
         blocks = (rs + QG_WARPS - 1) / QG_WARPS;
         if (blocks > QG_BLOCKS_PER_SM * g_q_sms) blocks = QG_BLOCKS_PER_SM * g_q_sms;
-        // some warp has a third step
-        p->q_third = (long)(rs + blocks * QG_WARPS - 1) / (blocks * QG_WARPS) * p->q_nit > 2;
     }
     if (p->qx_out) blocks++; // the exporting block
-    const size_t smem = split        ? split_smem(p->cols)
-                        : p->q_third ? qx_bytes(p->cols / 32) + QG_WARPS * sizeof(q3_slot)
-                                     : qx_bytes(p->cols / 32);
+    const size_t smem = split ? split_smem(p->cols) : qx_bytes(p->cols / 32);
     void (*k)(const struct gemv_params) =
         bits == 4 ? (split ? qgemv_kernel<4, true> : qgemv_kernel<4, false>)
                   : (split ? qgemv_kernel<8, true> : qgemv_kernel<8, false>);

@@ -19,12 +19,6 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *g, boo
         "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(smem)),
         "l"(g), "r"(pred ? 16 : 0), "l"(pol));
 }
-// 4 bytes global -> shared from the aligned word at g; only the first n (0, 2 or 4) are read, the
-// rest zero-filled.
-static __device__ __forceinline__ void cp_async4(void *smem, const void *g, int n) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(g),
-                 "r"(n));
-}
 // Both clobber memory: the compiler must not move shared-memory reads of the copied data above
 // the wait, nor plain stores into a stage below the commit that publishes it.
 static __device__ __forceinline__ void cp_async_commit() {
