@@ -5,9 +5,9 @@
 // biases into a ring in shared memory, NST stages ahead (~200 KB in flight per SM), and 7 consumer
 // warps take 2 rows of each stage with the same int8 activation and dp4a dot products (qdot).
 // A stage is three contiguous copies. Blocks that become resident only after the previous launch
-// ends (a quarter of them in the trace) start ~10 us after the others, so only the first three
-// quarters of the stages are dealt out statically; the rest are taken one at a time from a counter
-// as ring slots free up, so the blocks finish together. Hopper and newer.
+// ends (a quarter to two thirds of them in traces) start ~10 us after the others, so only the first
+// three quarters of the stages are dealt out statically; the rest are taken one at a time from a
+// counter as ring slots free up, so the blocks finish together. Hopper and newer.
 #include "backend/cuda/qgemv_dev.cuh"
 
 #define QS_CWARPS 7                  // consumer warps; the 8th is the producer
