@@ -46,8 +46,9 @@ static void t_plain(int bits, int group, int rows1, int rows2, int cols, bool no
 }
 
 // One large matrix alone: the streaming kernel on sm_90+ (decode_stream.cu), against the host and
-// bitwise against the register-pipelined kernel; then three launches that take part of their
-// stages from a counter pair (the decode step's lm_head), each the same bits, the pair zero after.
+// bitwise against the register-pipelined kernel; then three launches that take about a quarter of
+// their stages from a counter pair (the decode step's lm_head), each the same bits, the pair zero
+// after.
 static void t_stream(int bits, int group, int rows, int cols) {
     struct tmat A = make_mat(1, rows, cols, bits, group);
     std::vector<float> x = rnd_vec(cols, -2, 2), nw = rnd_vec(cols, 0.5f, 1.5f), xn;
@@ -330,7 +331,7 @@ int main(void) {
     t_plain(4, 32, 301, 64, 3072, false);
     t_plain(8, 32, 5, 1023, 1056, true);
     t_plain(4, 64, 2600, 3, 4096, false);
-    // up to three row sets per warp (the DeltaNet in_proj's shape): the third step copied early
+    // up to three row sets per warp (the DeltaNet in_proj's shape)
     t_plain(4, 64, 8192, 4160, 2048, true);
     t_plain(4, 32, 8191, 4161, 2048, false);
     t_stream(4, 64, 248320, 2048); // the lm_head

@@ -76,6 +76,10 @@ int main(void) {
     t_down(4, 4, 512, 10, 512, 512, 2048); // qwen3-next-like top-10
     t_down(4, 4, 1, 0, 0, 1024, 2047);     // dense MLP: shared slot only
     t_down(4, 4, 256, 8, 512, 512, 2048, true);
+    // the third step requested before the wait (144 chunks, the last 16 a routed expert's here,
+    // not the shared one's), with the ids on time and late
+    t_down(4, 4, 256, 9, 512, 0, 2048);
+    t_down(4, 4, 256, 9, 512, 0, 2048, true);
     t_down(8, 8, 64, 4, 256, 512, 1000, true);
     return finish("check_decode_moe");
 }

@@ -238,6 +238,9 @@ int qstream_launch(const struct gemv_params *p, cudaStream_t s, struct wren_err 
     long blocks = (long)QG_BLOCKS_PER_SM * g_qs_sms;
     if (blocks > q.nstages) blocks = q.nstages;
     q.nstat = q.sched ? q.nstages * 3 / 4 / blocks : 0;
+    // the pool only after the wait: a block's first ring fill, issued before it, is all static (a
+    // launch with the pool right behind another, under PDL, would otherwise race with its reset)
+    if (q.nstat < q.nst) q.sched = NULL, q.nstat = 0;
     CUDA_CHECK(pdl_launch(k, dim3((unsigned)blocks), dim3(QG_THREADS), smem, s, decode_pdl(), q));
     return 0;
 }
