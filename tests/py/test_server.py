@@ -340,7 +340,7 @@ def test_diverging_prompt_resumes_from_snapshot(client, plain):
 def test_cancel_on_disconnect(srv):
     before = srv.metrics()
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Go on forever"}],
-                       "stream": True, "max_tokens": 100000, "temperature": 1.0,
+                       "stream": True, "max_tokens": 100000, "temperature": 1.0, "seed": 1,
                        "chat_template_kwargs": {"enable_thinking": False}}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -392,9 +392,11 @@ def test_cancel_on_disconnect_behind_pipelined_bytes(srv):
 
 def start_chat(srv, **fields):
     """Sends a chat completion (a long one unless told) on a fresh connection; returns the
-    socket once the worker is computing it."""
+    socket once the worker is computing it. Seeded, so that the random model cannot end it early
+    by sampling its end token (seed 1 runs past 3,000 tokens)."""
     body = json.dumps({"messages": [{"role": "user", "content": "Go on forever"}],
-                       "max_tokens": 100000, "temperature": 1.0, **NO_THINK, **fields}).encode()
+                       "max_tokens": 100000, "temperature": 1.0, "seed": 1, **NO_THINK,
+                       **fields}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -480,7 +482,7 @@ def test_cancel_while_queued(srv):
 
     def start(stream, max_tokens):
         body = json.dumps({"messages": [{"role": "user", "content": "Keep talking"}],
-                           "stream": stream, "max_tokens": max_tokens,
+                           "stream": stream, "max_tokens": max_tokens, "seed": 1,
                            "chat_template_kwargs": {"enable_thinking": False}}).encode()
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
