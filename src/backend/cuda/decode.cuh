@@ -65,8 +65,9 @@ struct gemv_params {
     int qx_out_bits;
     const uint8_t *qx_in;
     int q_rs, q_nit, q_gshift; // filled by gemv_launch (int8 kernel)
-    // A streamed launch (qstream, the lm_head) takes a quarter of its stages from this pair of
-    // counters (zero, and left zero) instead of dealing them all out statically; NULL: static.
+    // A streamed launch (qstream, the lm_head) takes about a quarter of its stages from this pair
+    // of counters (zero, and left zero) instead of dealing them all out statically, where each
+    // block's static share fills its ring (qstream_launch); NULL: static.
     unsigned *sched;
 };
 
