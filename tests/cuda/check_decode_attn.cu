@@ -47,8 +47,10 @@ static void t_attn(struct acase c) {
     const int max_ctx = c.ctx + c.steps + 1, G = c.nh / c.nkv;
     const size_t row = (size_t)c.nkv * c.hd, R = kv_row_bytes(c.nkv, c.hd, c.int8);
     const int ng = c.hd / KV_INT8_GROUP;
-    std::vector<uint16_t> kc(max_ctx * row, 0), vc(max_ctx * row, 0);
-    std::vector<unsigned char> kq(max_ctx * R, 0), vq(max_ctx * R, 0); // int8 caches
+    // rows from ctx on are NaN until written (bf16 0x7fc0; int8: every byte 0xff, NaN scales), so
+    // a kernel that reads a row before the step's prep wrote it, or past the length, fails
+    std::vector<uint16_t> kc(max_ctx * row, 0x7fc0), vc(max_ctx * row, 0x7fc0);
+    std::vector<unsigned char> kq(max_ctx * R, 0xff), vq(max_ctx * R, 0xff); // int8 caches
     for (size_t i = 0; i < (size_t)c.ctx * row; i++)
         kc[i] = f32_to_bf16(rnd_f(-1.5f, 1.5f)), vc[i] = f32_to_bf16(rnd_f(-1, 1));
     for (int t = 0; c.int8 && t < c.ctx; t++)

@@ -317,25 +317,14 @@ __global__ void __launch_bounds__(AM_NW * 32)
             cp_async16(st + AM_KT * AM_HD * 2 + so, vc + go, ok, pol);
         }
     };
-    // the first stages' tiles before the wait where they hold only earlier steps' rows
-    // (both stages' tiles before it: no faster at 4K, 0.4% slower at 128K)
-    bool early[NS > 1 ? NS - 1 : 1];
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
-        const int j = warp + i * AM_NW;
-        early[i] = j < ntiles && attn_tile_old(start + j * AM_KT, end, L);
-        if (early[i]) load_tile(kvw + i * 2 * AM_KT * AM_HD * 2, j);
-    }
+    auto load_stage = [&](int i, int j) { load_tile(kvw + i * 2 * AM_KT * AM_HD * 2, j); };
+    am_ring_first<NS> first;
+    am_ring_early(first, warp, ntiles, start, end, L, load_stage);
     pdl_wait();
     TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
     if (start >= end) return attn_empty(p, G, part);
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
-        const int j = warp + i * AM_NW;
-        if (j < ntiles && !early[i]) load_tile(kvw + i * 2 * AM_KT * AM_HD * 2, j);
-        cp_async_commit();
-    }
+    am_ring_rest(first, warp, ntiles, load_stage);
     // Q rows h < G as hi + lo bf16 parts, [8 HN][AM_HD] each, rows past G zero
     for (int i = tid; i < HN * 8 * (AM_HD / 8); i += AM_NW * 32) {
         const int r = i / (AM_HD / 8), c = i % (AM_HD / 8);

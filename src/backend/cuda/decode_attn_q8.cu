@@ -116,24 +116,14 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
         const bool ok = cc < nk;
         cp_async16(st + 2 * AM_KT * AM_HD + lane * 16, sg + (ok ? o : 0), ok);
     };
-    // the first stages' tiles before the wait where they hold only earlier steps' rows
-    bool early[AQ_NS - 1];
-#pragma unroll
-    for (int i = 0; i < AQ_NS - 1; i++) {
-        const int j = warp + i * AM_NW;
-        early[i] = j < ntiles && attn_tile_old(start + j * AM_KT, end, L);
-        if (early[i]) load_tile(kvw + i * AQ_STAGE, j);
-    }
+    auto load_stage = [&](int i, int j) { load_tile(kvw + i * AQ_STAGE, j); };
+    am_ring_first<AQ_NS> first;
+    am_ring_early(first, warp, ntiles, start, end, L, load_stage);
     pdl_wait();
     TRACE_WAIT();
     float *part = p.part + ((size_t)sidx * p.n_heads + (size_t)kvh * G) * (AM_HD + 2);
     if (start >= end) return attn_empty(p, G, part);
-#pragma unroll
-    for (int i = 0; i < AQ_NS - 1; i++) {
-        const int j = warp + i * AM_NW;
-        if (j < ntiles && !early[i]) load_tile(kvw + i * AQ_STAGE, j);
-        cp_async_commit();
-    }
+    am_ring_rest(first, warp, ntiles, load_stage);
 
     // Q as f16 in shared memory, [8 HN][AM_HD] (heads past G zero), chunks of 8 dims XOR-ed
     // with bit 0 of the head. The B operand of k-tile kk = 4 g + w, head column g8 of head tile
