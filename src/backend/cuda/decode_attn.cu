@@ -420,14 +420,7 @@ __global__ void __launch_bounds__(AM_NW * 32)
         }
         __syncwarp(); // the next step refills this stage
     };
-    constexpr size_t SB = 2 * AM_KT * AM_HD * 2; // bytes per stage
-    for (int j0 = warp; j0 < ntiles; j0 += NS * AM_NW) {
-#pragma unroll
-        for (int i = 0; i < NS; i++) {
-            if (j0 + i * AM_NW >= ntiles) break;
-            step(kvw + i * SB, kvw + (i + NS - 1) % NS * SB, j0 + i * AM_NW);
-        }
-    }
+    am_ring_run<NS, 2 * AM_KT * AM_HD * 2>(kvw, warp, ntiles, step);
 #pragma unroll
     for (int hn = 0; hn < HN; hn++)
 #pragma unroll

@@ -87,6 +87,20 @@ static __device__ __forceinline__ void am_ring_rest(const am_ring_first<NS> &f, 
     }
 }
 
+// The warp's tiles in turn over its NS stages of SB bytes from ring, unrolled so that each stage's
+// offsets are constants: step(stage, the stage it refills next, tile).
+template <int NS, size_t SB, class Step>
+static __device__ __forceinline__ void am_ring_run(unsigned char *ring, int warp, int ntiles,
+                                                   Step step) {
+    for (int j0 = warp; j0 < ntiles; j0 += NS * AM_NW) {
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            if (j0 + i * AM_NW >= ntiles) break;
+            step(ring + i * SB, ring + (i + NS - 1) % NS * SB, j0 + i * AM_NW);
+        }
+    }
+}
+
 static __device__ __forceinline__ int amswz(int r, int c) { // chunk c (8 bf16) of row r
     return r * AM_HD + ((c ^ (r & 7)) << 3);
 }

@@ -302,14 +302,7 @@ __global__ void __launch_bounds__(AM_NW * 32, 2)
         }
         __syncwarp(); // the next step refills this stage
     };
-    // the stages in turn, unrolled so that each one's offsets are constants
-    for (int j0 = warp; j0 < ntiles; j0 += AQ_NS * AM_NW) {
-#pragma unroll
-        for (int i = 0; i < AQ_NS; i++) {
-            if (j0 + i * AM_NW >= ntiles) break;
-            step(kvw + i * AQ_STAGE, kvw + (i + AQ_NS - 1) % AQ_NS * AQ_STAGE, j0 + i * AM_NW);
-        }
-    }
+    am_ring_run<AQ_NS, AQ_STAGE>(kvw, warp, ntiles, step);
 #pragma unroll
     for (int hn = 0; hn < HN; hn++)
 #pragma unroll
