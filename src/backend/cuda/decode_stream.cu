@@ -103,9 +103,13 @@ __global__ void __launch_bounds__(QG_THREADS, QG_BLOCKS_PER_SM)
             sidx[slot] = -1;
             mbar_arrive(&full[slot]);
             if (p.sched) { // the last block done with the pool resets it for the next launch
+                // release: this block's grabs come before its count; acquire: the last block
+                // resets only after every block's grabs (both fences, not the control dependency)
                 __threadfence();
-                if (atomicAdd(p.sched + 1, 1u) == gridDim.x - 1)
+                if (atomicAdd(p.sched + 1, 1u) == gridDim.x - 1) {
+                    __threadfence();
                     atomicExch(p.sched, 0u), atomicExch(p.sched + 1, 0u);
+                }
             }
             return false;
         }
