@@ -2,6 +2,8 @@
 // several segments per launch, fused RMSNorm, the ADD / CONV / SWIGLU epilogues with routed
 // (device-indexed) experts, and the router finisher (softmax, top-k with ties, renormalisation).
 #include "common_check.cuh"
+#include "backend/cuda/qgemv_dev.cuh"
+#include <algorithm>
 
 static void host_norm(std::vector<float> &xn, const std::vector<float> &x,
                       const std::vector<float> &w, float eps) {
@@ -337,16 +339,20 @@ int main(void) {
     t_plain(4, 64, 8192, 4160, 2048, true);
     t_plain(4, 32, 8191, 4161, 2048, false);
     // a few row sets past two per warp (their warps take a third): the attention q/k/v's shape
-    // and smaller remainders, on this device's warp count
+    // and smaller remainders, sized from this device's warp count (QG_* in qgemv_dev.cuh; a row
+    // set is QG_R rows)
     {
         cudaDeviceProp prop;
         CK(cudaGetDeviceProperties(&prop, 0));
-        const int W2 = 2 * 8 * 2 * prop.multiProcessorCount * 2; // rows: two row sets per warp
-        t_plain(4, 64, W2 - 256, 1024, 2048, true);              // 8192 + 1024 rows on the H200
-        t_plain(4, 32, W2 - 1000, 1200, 2048, false);            // 100 row sets more
-        t_plain(8, 64, W2 - 7, 9, 1024, true);                   // 2 more, one odd row
-        t_plain(4, 128, W2, 4 * prop.multiProcessorCount + 1, 2048,
-                false); // a block count + 1 more
+        const int warps = QG_WARPS * QG_BLOCKS_PER_SM * prop.multiProcessorCount;
+        const int W2 = 2 * QG_R * warps;                     // rows: two row sets per warp
+        const int x = std::min(384, warps / 2);              // extra row sets: 384 on the H200
+        const int y = std::min(128, warps / 2);              // row sets moved to the second segment
+        t_plain(4, 64, W2 - 2 * y, 2 * (x + y), 2048, true); // 8192 + 1024 rows on the H200
+        t_plain(4, 32, W2 - 2 * y, 2 * y + 200, 2048, false); // 100 row sets more
+        t_plain(8, 64, W2 - 7, 9, 1024, true);                // 2 more, an odd row in each segment
+        // a block count + 1 more
+        t_plain(4, 128, W2, 2 * QG_BLOCKS_PER_SM * prop.multiProcessorCount + 1, 2048, false);
     }
     t_stream(4, 64, 248320, 2048); // the lm_head
     t_stream(4, 32, 40013, 1024);  // a last stage of 1 row
