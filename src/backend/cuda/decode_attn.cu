@@ -3,7 +3,6 @@
 // the KV head sharing every K/V load), then the combine with the sigmoid output gate. The context
 // length is read from device memory, so one captured graph serves every position.
 #include "backend/cuda/decode_attn.cuh"
-#include "backend/cuda/mma.cuh"
 
 #define ATT_THREADS 256
 

@@ -20,7 +20,6 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/decode_attn.cuh"
-#include "backend/cuda/mma.cuh"
 
 // K/V stages per warp: one tile in flight while one is computed. Three (fits two blocks per SM on
 // Hopper) ran the kernel no faster and the decode step 1-2% slower.
