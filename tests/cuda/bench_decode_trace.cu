@@ -9,8 +9,9 @@
 // token's sampler, then the step graph with its sampler; sampled: temperature 1, top-k 20, top-p
 // 0.95, the models' defaults), so the sampler kernels are on the timeline too; their marks: the
 // first phase's selection, the last block's, its draw.
-// usage: bench_decode_trace MODEL_DIR [CTX] [all] [greedy|sampled]
-//        (all: print every launch, not only the kinds)
+// usage: bench_decode_trace MODEL_DIR [CTX] [all] [blocks] [greedy|sampled]
+//        (all: print every launch, not only the kinds; blocks: the attention split launches'
+//        blocks, when each became resident and left, in block order)
 #include <algorithm>
 #include <map>
 #include <string>
@@ -54,16 +55,48 @@ double med(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+// One launch's blocks in block order: (block, SM, resident, left) in µs after the previous
+// launch's last warp out, then the ten that left last.
+void block_table(const launch &l, unsigned long long prev_end) {
+    std::map<unsigned, std::pair<unsigned long long, unsigned long long>> b; // block: (in, out)
+    std::map<unsigned, unsigned> sm;
+    for (auto &r : l.w) {
+        auto it = b.find(r.block);
+        if (it == b.end())
+            b[r.block] = {r.t0, r.t1};
+        else
+            it->second.first = std::min(it->second.first, r.t0),
+            it->second.second = std::max(it->second.second, r.t1);
+        sm[r.block] = r.sm;
+    }
+    auto rel = [&](unsigned long long t) { return ((double)t - (double)prev_end) / 1e3; };
+    printf("blocks (block sm in out):");
+    int k = 0;
+    std::vector<std::pair<double, unsigned>> outs;
+    for (auto &kv : b) {
+        printf("%s%u %u %.2f %.2f", k++ % 6 ? " | " : "\n  ", kv.first, sm[kv.first],
+               rel(kv.second.first), rel(kv.second.second));
+        outs.push_back({rel(kv.second.second), kv.first});
+    }
+    std::sort(outs.begin(), outs.end());
+    printf("\n  last out:");
+    for (size_t i = outs.size() > 10 ? outs.size() - 10 : 0; i < outs.size(); i++)
+        printf(" %u (%.2f)", outs[i].second, outs[i].first);
+    printf("; median out %.2f\n", outs[outs.size() / 2].first);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
-    DIE_IF(argc < 2, "usage: bench_decode_trace MODEL_DIR [CTX] [all] [greedy|sampled]");
+    DIE_IF(argc < 2, "usage: bench_decode_trace MODEL_DIR [CTX] [all] [blocks] [greedy|sampled]");
     const int ctx = argc > 2 ? atoi(argv[2]) : 4096;
-    bool all = false;
+    bool all = false, blocks = false;
     int gen = 0; // 1 greedy, 2 sampled
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "all"))
             all = true;
+        else if (!strcmp(argv[i], "blocks"))
+            blocks = true;
         else if (!strcmp(argv[i], "greedy") || !strcmp(argv[i], "sampled"))
             gen = argv[i][0] == 'g' ? 1 : 2;
         else
@@ -210,6 +243,7 @@ int main(int argc, char **argv) {
             a.lpre += (lastw->tw - lastw->t0) / 1e3;
             a.llate += lastw->t0 > prev_end;
         }
+        if (blocks && name == "attn split") block_table(l, prev_end);
         prev_end = l.t1_max;
     }
     printf("\n%-13s %5s %10s %9s %9s %9s %11s %12s\n", "kind", "count", "crit total", "crit avg",

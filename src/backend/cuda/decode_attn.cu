@@ -449,11 +449,13 @@ __global__ void __launch_bounds__(AM_NW * 32)
 
 // Merges the splits and applies the output gate. Block = (query head, 32 dims); warp w folds the
 // splits w, w + 8, ... that the current length reaches into a running (max, numerator,
-// denominator), with the loads of 8 splits in flight at once, then warp 0 merges the warps'
+// denominator), with the loads of AC_U splits in flight at once, then warp 0 merges the warps'
 // states. (One block per head, a thread per dim, waited for ~17 dependent rounds of loads at 66
 // splits: 6 us of a 4K step's 20 us per attention layer; this: +1.4% decode at 4K, +2% at 32K.)
+// AC_U 9: the H200's 66 splits per KV head in one round of loads (8 left two warps a second
+// round: +0.2% decode at 4K to 128K; 16 measured slower at 128K, twentieth session).
 #define AC_WARPS 8
-#define AC_U     8
+#define AC_U     9
 // (M, num, den) += a split's (max m, output o, denominator l > 0), rescaled to the larger max
 static __device__ __forceinline__ void ac_fold(float &M, float &num, float &den, float m, float o,
                                                float l) {
@@ -467,12 +469,11 @@ __global__ void __launch_bounds__(AC_WARPS * 32)
     __shared__ float sm[3][AC_WARPS][32];
     TRACE_BEGIN();
     pdl_trigger();
-    const int L = attn_len(p), chunk = attn_chunk(L, p.splits);
+    const int nact = attn_active(p, attn_units(attn_len(p))); // the slices that hold keys
     pdl_wait();
     TRACE_WAIT();
     const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hd = p.hd;
     const int d = blockIdx.y * 32 + lane;
-    const int nact = min(p.splits, (L + chunk - 1) / chunk);
     const size_t stride = (size_t)p.n_heads * (hd + 2);
     const float *ph = p.part + (size_t)h * (hd + 2);
     const float gl = p.gate && warp == 0 ? __ldcg(p.qg + (size_t)h * hd * 2 + hd + d) : 0.f;
