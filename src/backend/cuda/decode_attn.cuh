@@ -21,16 +21,16 @@ static __device__ __forceinline__ int attn_len(const struct attn_params &p) {
 
 // Context slice [start, end) of split sidx. The length's units of ATT_UNIT tokens are dealt out
 // as evenly as possible over the active slices (the first ones one unit more, the slices past them
-// empty), each of at least ATT_MIN_UNITS units: a warp tile for each warp of a tensor-core block.
-// Slices of ceil(L / splits) rounded up to 64 tokens left SMs idle at long contexts (at 128K only
-// 64 of 66 slices held keys; int8 cache at 32K: 631 -> 641 tok/s). Shorter slices were slower at
-// 1K (one unit: -0.8%), longer ones at 4K (at least 8 or 16 units: -0.5%, -2.3%).
+// empty): all splits, or as many as give each ATT_MIN_UNITS units, a warp tile for each warp of a
+// tensor-core block. Slices of ceil(L / splits) rounded up to 64 tokens left SMs idle at long
+// contexts (at 128K only 64 of 66 slices held keys; int8 cache at 32K: 631 -> 641 tok/s). Slices
+// of one unit were 0.8% slower at 1K, of at least 8 or 16 units 0.5% and 2.3% slower at 4K.
 #define ATT_MIN_UNITS 4
 static __device__ __forceinline__ int attn_units(int L) {
     return (L + ATT_UNIT - 1) / ATT_UNIT;
 }
 static __device__ __forceinline__ int attn_active(const struct attn_params &p, int units) {
-    return max(1, min(p.splits, units / ATT_MIN_UNITS));
+    return min(p.splits, (units + ATT_MIN_UNITS - 1) / ATT_MIN_UNITS);
 }
 static __device__ __forceinline__ void attn_range(const struct attn_params &p, int L, int sidx,
                                                   int &start, int &end) {
