@@ -5,7 +5,14 @@
 #include "backend/cuda/mma.cuh"
 
 #define ATT_TILE 64 // the FMA split kernel's tile of keys
-#define ATT_UNIT 16 // slices are whole multiples of this many tokens (AM_KT, the warp tile below)
+
+// The tensor-core kernels (decode_attn.cu: bf16 cache; decode_attn_q8.cu: int8) over a head_dim
+// of 256: S^T = K Q^T and O^T = V^T P^T with the keys (the dims) as the 16 rows of an m16n8k16 tile
+// and the 8 query heads of a head tile as its columns (heads past G zero); each warp of a block
+// streams its own tiles of AM_KT keys. Every kernel's slices are whole warp tiles.
+#define AM_HD 256
+#define AM_KT 16 // keys per warp tile
+#define AM_NW 4  // warps per block
 
 // The split kernel over the int8 cache (decode_attn_q8.cu); may lower q->splits (a single wave).
 int attn_split_q8_launch(struct attn_params *q, int sms, size_t smem_optin, cudaStream_t s,
@@ -19,25 +26,24 @@ static __device__ __forceinline__ int attn_len(const struct attn_params &p) {
     return *p.pos + 1;
 }
 
-// Context slice [start, end) of split sidx. The length's units of ATT_UNIT tokens are dealt out
-// as evenly as possible over the active slices (the first ones one unit more, the slices past them
-// empty): all splits, or as many as give each ATT_MIN_UNITS units, a warp tile for each warp of a
-// tensor-core block. Slices of ceil(L / splits) rounded up to 64 tokens left SMs idle at long
-// contexts (at 128K only 64 of 66 slices held keys; int8 cache at 32K: 631 -> 641 tok/s). Slices
-// of one unit were 0.8% slower at 1K, of at least 8 or 16 units 0.5% and 2.3% slower at 4K.
-#define ATT_MIN_UNITS 4
+// Context slice [start, end) of split sidx. The length's warp tiles (units of AM_KT tokens) are
+// dealt out as evenly as possible over the active slices (the first ones one unit more, the slices
+// past them empty): all splits, or as many as give each a tile for each of a block's AM_NW warps.
+// Slices of ceil(L / splits) rounded up to 64 tokens left SMs idle at long contexts (at 128K only
+// 64 of 66 slices held keys; int8 cache at 32K: 631 -> 641 tok/s). Slices of one unit were 0.8%
+// slower at 1K, of at least 8 or 16 units 0.5% and 2.3% slower at 4K.
 static __device__ __forceinline__ int attn_units(int L) {
-    return (L + ATT_UNIT - 1) / ATT_UNIT;
+    return (L + AM_KT - 1) / AM_KT;
 }
 static __device__ __forceinline__ int attn_active(const struct attn_params &p, int units) {
-    return min(p.splits, (units + ATT_MIN_UNITS - 1) / ATT_MIN_UNITS);
+    return min(p.splits, (units + AM_NW - 1) / AM_NW);
 }
 static __device__ __forceinline__ void attn_range(const struct attn_params &p, int L, int sidx,
                                                   int &start, int &end) {
     const int units = attn_units(L), act = attn_active(p, units);
     const int base = units / act, rem = units % act;
-    start = sidx < act ? (sidx * base + min(sidx, rem)) * ATT_UNIT : L;
-    end = sidx < act ? min(L, start + (base + (sidx < rem)) * ATT_UNIT) : L;
+    start = sidx < act ? (sidx * base + min(sidx, rem)) * AM_KT : L;
+    end = sidx < act ? min(L, start + (base + (sidx < rem)) * AM_KT) : L;
 }
 // An empty slice's neutral partial (m = -inf, l = 0) for its G heads. The partials' workspace is
 // what the previous attention layer's combine read: written only after the programmatic wait.
@@ -55,16 +61,6 @@ static __device__ __forceinline__ bool attn_slice(const struct attn_params &p, i
     attn_empty(p, G, part);
     return false;
 }
-
-// The tensor-core kernels (decode_attn.cu: bf16 cache; decode_attn_q8.cu: int8) over a head_dim
-// of 256: S^T = K Q^T and O^T = V^T P^T with the keys (the dims) as the 16 rows of an m16n8k16 tile
-// and the 8 query heads of a head tile as its columns (heads past G zero); each warp of a block
-// streams its own tiles of AM_KT keys.
-#define AM_HD 256
-#define AM_KT 16 // keys per warp tile
-#define AM_NW 4  // warps per block
-static_assert(ATT_UNIT % AM_KT == 0 && ATT_MIN_UNITS * ATT_UNIT == AM_NW * AM_KT,
-              "slices of whole warp tiles, at least one per warp");
 
 // Whether a slice's tile of AM_KT keys from k0 holds only rows that earlier steps wrote: all but
 // the row at L - 1, which this step's prep kernel appends. Such tiles may be copied before the
