@@ -17,10 +17,11 @@ namespace {
 
 constexpr int N = 2048, THREADS = 256;
 
-__device__ __forceinline__ float stage_work(const float *x, float *y, int cta, int ncta) {
+// A stage's work once each thread holds the sum of its values: the block's total, then the CTA's
+// slice of the next vector, each value written by put(index, value).
+template <class Put>
+__device__ __forceinline__ void stage_finish(float s, int cta, int ncta, Put put) {
     __shared__ float red[THREADS / 32];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < N; i += THREADS) s += __ldcg(x + i);
     for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
     __syncthreads();
@@ -28,13 +29,16 @@ __device__ __forceinline__ float stage_work(const float *x, float *y, int cta, i
     for (int w = 0; w < THREADS / 32; w++) t += red[w];
     const int per = (N + ncta - 1) / ncta;
     for (int i = threadIdx.x; i < per && cta * per + i < N; i += THREADS)
-        y[cta * per + i] = t * 1e-4f + (float)i;
-    return t;
+        put(cta * per + i, t * 1e-4f + (float)i);
+}
+
+__device__ __forceinline__ void stage_work(const float *x, float *y, int cta, int ncta) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < N; i += THREADS) s += __ldcg(x + i);
+    stage_finish(s, cta, ncta, [&](int i, float v) { y[i] = v; });
 }
 
 __global__ void stage_kernel(const float *x, float *y, int pdl) {
-    extern __shared__ char pad[];
-    (void)pad;
     if (pdl) pdl_trigger(), pdl_wait();
     stage_work(x, y, blockIdx.x, gridDim.x);
 }
@@ -74,7 +78,6 @@ constexpr int PER = N / THREADS;
 
 __device__ __forceinline__ void ll_stage(const unsigned long long *x, unsigned long long *y,
                                          unsigned tag_in, int cta, int ncta) {
-    __shared__ float red[THREADS / 32];
     float v[PER];
     unsigned ready = 0;
     while (ready != (1u << PER) - 1) {
@@ -92,15 +95,7 @@ __device__ __forceinline__ void ll_stage(const unsigned long long *x, unsigned l
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < PER; j++) s += v[j];
-    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-    __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < THREADS / 32; w++) t += red[w];
-    __syncthreads();
-    const int per = (N + ncta - 1) / ncta;
-    for (int i = threadIdx.x; i < per && cta * per + i < N; i += THREADS)
-        ll_store(y + cta * per + i, t * 1e-4f + (float)i, tag_in + 1);
+    stage_finish(s, cta, ncta, [&](int i, float o) { ll_store(y + i, o, tag_in + 1); });
 }
 
 // tags: epoch * 4096 + stage; the epoch is bumped by a 1-thread kernel before every chain
@@ -112,8 +107,6 @@ __global__ void ll_bump(unsigned *epoch, unsigned long long *a) {
 
 __global__ void ll_stage_kernel(const unsigned long long *x, unsigned long long *y,
                                 const unsigned *epoch, int s) {
-    extern __shared__ char pad[];
-    (void)pad;
     pdl_trigger();
     if (s == 0) pdl_wait(); // the bump kernel's epoch
     const unsigned tag = *(volatile const unsigned *)epoch * 4096u + (unsigned)s;
@@ -123,8 +116,10 @@ __global__ void ll_stage_kernel(const unsigned long long *x, unsigned long long 
 __global__ void ll_persistent_kernel(unsigned long long *a, unsigned long long *b,
                                      const unsigned *epoch, int stages) {
     const unsigned base = *(volatile const unsigned *)epoch * 4096u;
-    for (int s = 0; s < stages; s++)
+    for (int s = 0; s < stages; s++) {
         ll_stage(s & 1 ? b : a, s & 1 ? a : b, base + (unsigned)s, blockIdx.x, gridDim.x);
+        __syncthreads(); // the reduction's shared memory is reused by the next stage
+    }
 }
 
 } // namespace
