@@ -32,8 +32,9 @@ struct launch {
     int blocks = 0;
 };
 
-// The launch sequence of decode_enqueue (decode_step.cu), for labels.
-std::vector<std::string> labels(const struct model_config *c) {
+// The launch sequence of decode_enqueue (decode_step.cu), for labels (fused: the MoE experts in
+// one launch, moe_fused).
+std::vector<std::string> labels(const struct model_config *c, bool fused) {
     std::vector<std::string> l = {"embed"};
     for (int i = 0; i < c->n_layers; i++) {
         if (c->kind[i] == LAYER_DELTANET) {
@@ -43,7 +44,10 @@ std::vector<std::string> labels(const struct model_config *c) {
                      {"attn qkv", "attn prep", "attn split", "attn combine", "attn o_proj"});
         }
         if (c->n_experts > 0) l.push_back("router");
-        l.insert(l.end(), {"moe gate/up", "moe down"});
+        if (fused)
+            l.push_back("moe fused");
+        else
+            l.insert(l.end(), {"moe gate/up", "moe down"});
     }
     l.push_back("lm_head");
     return l;
@@ -173,8 +177,12 @@ int main(int argc, char **argv) {
     }
     std::sort(L.begin(), L.end(),
               [](const launch &a, const launch &b) { return a.t0_min < b.t0_min; });
-    std::vector<std::string> lab = labels(&m.cfg);
+    std::vector<std::string> lab = labels(&m.cfg, false);
     if (gen) lab.insert(lab.begin(), "sample"), lab.push_back("sample");
+    if (lab.size() != L.size()) {
+        lab = labels(&m.cfg, true);
+        if (gen) lab.insert(lab.begin(), "sample"), lab.push_back("sample");
+    }
     const bool named = lab.size() == L.size();
     printf("decode step at context %d: %zu launches traced (%s), %u warp records, %.1f us from the "
            "first warp in to the last warp out\n",
@@ -194,6 +202,7 @@ int main(int argc, char **argv) {
         printf("%4s %-13s %6s %5s | %9s %9s | %9s %9s | %9s %9s | %7s %7s %7s\n", "#", "launch",
                "blocks", "warps", "in first", "in last", "wait 1st", "wait last", "out med",
                "out last", "bound", "own", "crit");
+    int fused_tables = 0;
     unsigned long long prev_end = L[0].t0_min;
     for (size_t i = 0; i < L.size(); i++) {
         launch &l = L[i];
@@ -243,7 +252,8 @@ int main(int argc, char **argv) {
             a.lpre += (lastw->tw - lastw->t0) / 1e3;
             a.llate += lastw->t0 > prev_end;
         }
-        if (blocks && name == "attn split") block_table(l, prev_end);
+        if (blocks && (name == "attn split" || (name == "moe fused" && fused_tables++ < 2)))
+            block_table(l, prev_end);
         prev_end = l.t1_max;
     }
     printf("\n%-13s %5s %10s %9s %9s %9s %11s %12s\n", "kind", "count", "crit total", "crit avg",

@@ -239,6 +239,7 @@ static void init_device(void) {
     dc.cc_major = p.major;
     dc.no_stream = f && strstr(f, "nostream");
     dc.no_split = f && strstr(f, "nosplit");
+    dc.fuse_moe = true; // checked wherever it qualifies (check_decode_moe); off by default in wren
     decode_configure(&dc);
 }
 

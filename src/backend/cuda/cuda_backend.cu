@@ -272,6 +272,8 @@ static int alloc_ws(struct cuda_backend *cb, struct wren_err *e) {
         {(void **)&w->ids, (size_t)(K + 1) * 4},
         {(void **)&w->dn_tick, (size_t)(c->dn_k_heads > 0 ? c->dn_k_heads : 1) * 4},
         {(void **)&w->qx, gemv_qx_bytes(c->hidden)},
+        {(void **)&w->moe_acc, ((size_t)c->hidden + 1) * 8},
+        {(void **)&w->moe_ticket, 4},
         {(void **)&w->pos, 4},
         {(void **)&w->step, 4},
         {(void **)&w->tok, 4},
@@ -764,7 +766,7 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
         return NULL;
     }
     // WREN_CUDA_DECODE (read once here, for comparison runs): "nopdl", "f32gemv", "dnslices",
-    // "nostream", "nosplit", "onesample"
+    // "nostream", "nosplit", "onesample", "fusemoe" (the MoE experts in one launch: opt-in, slower)
     const char *dflags = getenv("WREN_CUDA_DECODE");
     cb->one_sample = dflags && strstr(dflags, "onesample");
     struct decode_config dc;
@@ -776,6 +778,7 @@ extern "C" struct backend *cuda_backend_create(const struct model *m, const stru
     dc.cc_major = prop.major;
     dc.no_stream = dflags && strstr(dflags, "nostream");
     dc.no_split = dflags && strstr(dflags, "nosplit");
+    dc.fuse_moe = dflags && strstr(dflags, "fusemoe");
     decode_configure(&dc);
     const struct model_config *c = &m->cfg;
     int K = c->n_experts > 0 ? c->top_k : 0;

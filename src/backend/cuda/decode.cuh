@@ -95,6 +95,7 @@ struct decode_config {
     int cc_major;   // compute capability (the streaming GEMV needs 9+)
     bool no_stream; // the lm_head on the register-pipelined GEMV (comparison runs)
     bool no_split;  // no split-step GEMV kernel (comparison runs)
+    bool fuse_moe;  // the MoE experts in one launch, moe_fused (measured slower: RESULTS.md)
 };
 void decode_configure(const struct decode_config *c);
 bool decode_f32_gemv(void);
@@ -119,6 +120,23 @@ struct moe_down_params {
 int moe_down_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e);
 bool qdown_eligible(const struct moe_down_params *p);
 int qdown_launch(const struct moe_down_params *p, cudaStream_t s, struct wren_err *e);
+
+// ---- MoE experts in one launch: routing, gate/up + SwiGLU and the down projection ---------------
+// (decode_moe_fused.cu) where the experts are 4-bit and the router launch shares its int8 input
+// (g.qx_in); replaces the expert launch (g) and the down launch.
+struct moe_fused_params {
+    struct gemv_params g; // the expert launch as built for the two-launch path: routing, qx_in
+    struct dmat gate, up, down;          // routed stacks
+    struct dmat sh_gate, sh_up, sh_down; // shared expert (sh_inter 0: none)
+    int K, inter, sh_inter, hidden;
+    float *x;         // [hidden] residual stream, += the experts' weighted sum
+    long long *acc;   // [hidden + 1] zero, left zero: fixed-point sums (last: non-finite seen)
+    unsigned *ticket; // zero, left zero
+    int gshift, pair; // filled by moe_fused_launch
+};
+void moe_fused_configure(size_t smem_optin, bool off);
+bool moe_fused_eligible(const struct moe_fused_params *p);
+int moe_fused_launch(const struct moe_fused_params *p, cudaStream_t s, struct wren_err *e);
 
 // ---- Gated DeltaNet recurrent step (one token), after the fused conv in the projection ---------
 struct deltanet_params {
@@ -214,6 +232,8 @@ struct decode_ws {
     int *ids;
     unsigned *dn_tick; // [dn_k_heads] the DeltaNet step's conv-state tickets (deltanet_params)
     uint8_t *qx; // the MoE input as the int8 activation, built by the router launch (gemv_share_qx)
+    long long *moe_acc; // [hidden + 1] moe_fused's fixed-point sums (zero between launches)
+    unsigned *moe_ticket;
     int *pos, *step; // device position and sampler step counters
     int32_t *tok;    // the step's input token
     int *counts;     // sampler: generated-token counts

@@ -21,6 +21,7 @@ void decode_configure(const struct decode_config *c) {
     g_dn_slices = c->dn_slices;
     attn_set_device(c->sm_count, c->smem_optin);
     qgemv_configure(c->sm_count, c->no_split);
+    moe_fused_configure(c->smem_optin, !c->fuse_moe);
     qstream_configure(c->cc_major, c->sm_count, c->smem_optin, c->no_stream);
 }
 bool decode_pdl(void) {

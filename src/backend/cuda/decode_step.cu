@@ -110,6 +110,16 @@ static int moe_block(struct cuda_ctx *cx, struct decode_ws *ws, const struct dla
         if (shg) rp.seg[rp.nseg++] = seg_of(&L->sh_gate_w, EPI_STORE, ws->rlog + c->n_experts);
         gemv_share_qx(&rp, &gp, ws->qx);
         if (PROF(DP_ROUTER, gemv_launch(&rp, cx->stream, e))) return -1;
+        // the experts in one launch where asked for and they qualify (4-bit, the int8 input
+        // shared); measured slower than the two launches below (RESULTS.md, thirty-third session)
+        struct moe_fused_params fp;
+        memset(&fp, 0, sizeof fp);
+        fp.g = gp;
+        fp.gate = L->exp_gate, fp.up = L->exp_up, fp.down = L->exp_down;
+        fp.sh_gate = L->sh_gate, fp.sh_up = L->sh_up, fp.sh_down = L->sh_down;
+        fp.K = K, fp.inter = inter, fp.sh_inter = shi, fp.hidden = c->hidden;
+        fp.x = ws->x, fp.acc = ws->moe_acc, fp.ticket = ws->moe_ticket;
+        if (moe_fused_eligible(&fp)) return PROF(DP_GATE_UP, moe_fused_launch(&fp, cx->stream, e));
     }
     if (PROF(DP_GATE_UP, gemv_launch(&gp, cx->stream, e))) return -1;
     struct moe_down_params dp;

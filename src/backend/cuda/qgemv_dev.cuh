@@ -82,6 +82,53 @@ static __device__ __forceinline__ void qx_prefetch(const qx_src &in, qx_wn<IT> &
     }
 }
 
+// Quantizes unit u (8 values) of an activation of nu units into q. The four units of a block of 32
+// sit on the lanes of one quad, and all four lanes call this (the block's max and sums are quad
+// shuffles); a lane with u >= nu only takes part in the shuffles.
+template <int BITS>
+static __device__ __forceinline__ void qx_quant_unit(const float (&v)[8], int u, int nu,
+                                                     const qx_smem &q) {
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j])), sum += v[j];
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float half = sum + __shfl_xor_sync(0xffffffffu, sum, 1); // values 0-15 or 16-31
+    const float other = __shfl_xor_sync(0xffffffffu, half, 2);
+    if (u >= nu) return;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f, d = amax / 127.f;
+    int x[2][8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        x[0][j] = __float2int_rn(v[j] * inv);
+        // |x2| <= 127 up to rounding; clamped so an int8 can never wrap
+        const int x2 = __float2int_rn(fmaf(-d, (float)x[0][j], v[j]) * (254.f * inv));
+        x[1][j] = max(-127, min(127, x2));
+    }
+    const int blk = u >> 2, k = u & 3;
+#pragma unroll
+    for (int pl = 0; pl < 2; pl++) {
+        const int *y = x[pl];
+        if constexpr (BITS == 4) {
+            // weight word t of a chunk (device layout, common.cuh) holds values 8m + 2t + e at
+            // nibble m + 4e: lo pairs with the low nibbles of its bytes, values (2t, 16 + 2t,
+            // 2t + 1, 17 + 2t), hi with the high ones, (8 + 2t, 24 + 2t, 9 + 2t, 25 + 2t). So
+            // value 2t + e of unit k (m = k) is byte (k >> 1) + 2e of word t of lo (k even) or
+            // hi (k odd): byte stores, no exchange between the lanes of a block
+            uint8_t *o =
+                reinterpret_cast<uint8_t *>((k & 1 ? q.hi[pl] : q.lo[pl]) + blk) + (k >> 1);
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[4 * (j >> 1) + 2 * (j & 1)] = (uint8_t)y[j];
+        } else {
+            // lo holds values 0-15 (units 0, 1), hi values 16-31 (units 2, 3), in order
+            uint32_t *h = reinterpret_cast<uint32_t *>((k < 2 ? q.lo[pl] : q.hi[pl]) + blk);
+            h[(k & 1) * 2] = pack4(y[0], y[1], y[2], y[3]);
+            h[(k & 1) * 2 + 1] = pack4(y[4], y[5], y[6], y[7]);
+        }
+    }
+    if (k == 0) q.meta[blk] = make_float4(d, half + other, half, other);
+}
+
 // XB: in.x points to bf16 values (prefill activations), else to floats.
 template <int BITS, bool XB = false, int IT = QX_IT>
 static __device__ void qx_build(const qx_src &in, const qx_wn<IT> &nw, const qx_smem &q,
@@ -149,45 +196,7 @@ static __device__ void qx_build(const qx_src &in, const qx_wn<IT> &nw, const qx_
     for (int i = 0; i < IT; i++) {
         if (i * QG_THREADS >= nu) break;
         const int u = t + i * QG_THREADS; // nu is a multiple of 4: a quad is all in or all out
-        float amax = 0.f, sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[i][j])), sum += v[i][j];
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const float half = sum + __shfl_xor_sync(0xffffffffu, sum, 1); // values 0-15 or 16-31
-        const float other = __shfl_xor_sync(0xffffffffu, half, 2);
-        if (u >= nu) continue;
-        const float inv = amax > 0.f ? 127.f / amax : 0.f, d = amax / 127.f;
-        int x[2][8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            x[0][j] = __float2int_rn(v[i][j] * inv);
-            // |x2| <= 127 up to rounding; clamped so an int8 can never wrap
-            const int x2 = __float2int_rn(fmaf(-d, (float)x[0][j], v[i][j]) * (254.f * inv));
-            x[1][j] = max(-127, min(127, x2));
-        }
-        const int blk = u >> 2, k = u & 3;
-#pragma unroll
-        for (int pl = 0; pl < 2; pl++) {
-            const int *y = x[pl];
-            if constexpr (BITS == 4) {
-                // weight word t of a chunk (device layout, common.cuh) holds values 8m + 2t + e at
-                // nibble m + 4e: lo pairs with the low nibbles of its bytes, values (2t, 16 + 2t,
-                // 2t + 1, 17 + 2t), hi with the high ones, (8 + 2t, 24 + 2t, 9 + 2t, 25 + 2t). So
-                // value 2t + e of unit k (m = k) is byte (k >> 1) + 2e of word t of lo (k even) or
-                // hi (k odd): byte stores, no exchange between the lanes of a block
-                uint8_t *o =
-                    reinterpret_cast<uint8_t *>((k & 1 ? q.hi[pl] : q.lo[pl]) + blk) + (k >> 1);
-#pragma unroll
-                for (int j = 0; j < 8; j++) o[4 * (j >> 1) + 2 * (j & 1)] = (uint8_t)y[j];
-            } else {
-                // lo holds values 0-15 (units 0, 1), hi values 16-31 (units 2, 3), in order
-                uint32_t *h = reinterpret_cast<uint32_t *>((k < 2 ? q.lo[pl] : q.hi[pl]) + blk);
-                h[(k & 1) * 2] = pack4(y[0], y[1], y[2], y[3]);
-                h[(k & 1) * 2 + 1] = pack4(y[4], y[5], y[6], y[7]);
-            }
-        }
-        if (k == 0) q.meta[blk] = make_float4(d, half + other, half, other);
+        qx_quant_unit<BITS>(v[i], u, nu, q);
     }
     __syncthreads();
 }
