@@ -31,35 +31,6 @@
 #define MF_SLICE   32 // expert columns per unit
 #define MF_ROWS    16 // down rows per thread at most (hidden <= MF_THREADS * MF_ROWS)
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ void mf_mbar_init(uint64_t *b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(1));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-static __device__ __forceinline__ void mf_mbar_expect(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)),
-                 "r"(bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void mf_mbar_wait(uint64_t *b, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_u32(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-static __device__ __forceinline__ void mf_bulk(void *dst, const void *src, uint32_t bytes,
-                                               uint64_t *b, uint64_t pol) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-                 "[%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(b)), "l"(pol)
-                 : "memory");
-}
-#endif
-
 static size_t g_mf_smem_optin = 48 * 1024;
 static bool g_mf_off;
 
@@ -114,10 +85,11 @@ static __device__ __forceinline__ void mf_issue(const struct moe_fused_params &p
     src[2] = G.scales + so, src[3] = G.biases + so, src[4] = U.scales + so, src[5] = U.biases + so;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (t == 0) {
-        mf_mbar_expect(u.bar, (uint32_t)(2 * nw + 4 * ns) * 16);
-        for (int k = 0; k < 2; k++) mf_bulk(u.sm + L.w + 16 * k * nw, src[k], nw * 16, u.bar, pol);
+        mbar_expect(u.bar, (uint32_t)(2 * nw + 4 * ns) * 16);
+        for (int k = 0; k < 2; k++)
+            bulk_copy(u.sm + L.w + 16 * k * nw, src[k], nw * 16, u.bar, pol);
         for (int k = 0; k < 4; k++)
-            mf_bulk(u.sm + L.sb + 16 * k * ns, src[2 + k], ns * 16, u.bar, pol);
+            bulk_copy(u.sm + L.sb + 16 * k * ns, src[2 + k], ns * 16, u.bar, pol);
     }
 #else
     for (int k = 0; k < 2; k++)
@@ -215,13 +187,8 @@ static __device__ __forceinline__ bool mf_compute(const struct moe_fused_params 
         const uint32_t wd[4] = {wv.x, wv.y, wv.z, wv.w};
         int is[2] = {0, 0};
 #pragma unroll
-        for (int pl = 0; pl < 2; pl++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                is[pl] = __dp4a((int)(wd[k] & 0x0F0F0F0Fu), (int)xl[pl][k], is[pl]);
-                is[pl] = __dp4a((int)((wd[k] >> 4) & 0x0F0F0F0Fu), (int)xh[pl][k], is[pl]);
-            }
-        const float dot = meta.x * fmaf((float)is[1], 1.f / 254.f, (float)is[0]);
+        for (int pl = 0; pl < 2; pl++) is[pl] = q4_dot(wd, xl[pl], xh[pl], is[pl]);
+        const float dot = qx_dot(meta.x, is);
         const float v =
             fmaf(bf16_bits_to_f32(dsb.s[jr]), dot, bf16_bits_to_f32(dsb.b[jr]) * meta.y);
         bad = bad || !isfinite(v);
@@ -251,7 +218,10 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
                   &bar[1]};
     mf_unit ur = {&p.gate, &p.up, &p.down, 0, rb % spe, 1.f, slots, &bar[0]};
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (t == 0) mf_mbar_init(&bar[0]), mf_mbar_init(&bar[1]);
+    if (t == 0) {
+        mbar_init(&bar[0], 1), mbar_init(&bar[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     __syncthreads();
 #endif
     mf_dsb ds, dr;
@@ -281,7 +251,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
         else
             cp_async_wait<0>();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        mf_mbar_wait(us.bar, 0);
+        mbar_wait(us.bar, 0);
 #endif
         __syncthreads();
         bad = mf_compute(p, us, ds, q, L);
@@ -290,7 +260,7 @@ __global__ void __launch_bounds__(MF_THREADS, 1)
     if (has_rt) {
         cp_async_wait<0>();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        mf_mbar_wait(ur.bar, 0);
+        mbar_wait(ur.bar, 0);
 #endif
         __syncthreads();
         bad = mf_compute(p, ur, dr, q, L) || bad;

@@ -9,6 +9,7 @@
 // three quarters of the stages are dealt out statically; the rest are taken one at a time from a
 // counter as ring slots free up, so the blocks finish together. Hopper and newer.
 #include "backend/cuda/qgemv_dev.cuh"
+#include "backend/cuda/mma.cuh"
 
 #define QS_CWARPS 7                  // consumer warps; the 8th is the producer
 #define QS_ROWS   (QS_CWARPS * QG_R) // rows per stage
@@ -26,41 +27,6 @@ struct qs_params {
     unsigned *sched; // [2]: stages taken from the pool, blocks done with it (zero between launches)
     long nstat;      // with sched: stages dealt statically to each block
 };
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-static __device__ __forceinline__ uint32_t qs_saddr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(qs_saddr(b)), "r"(count));
-}
-static __device__ __forceinline__ void mbar_expect(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(qs_saddr(b)),
-                 "r"(bytes)
-                 : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(qs_saddr(b)) : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(qs_saddr(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-// pol: an L2 cache policy (the lm_head is read once per step: l2_stream)
-static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
-                                                 uint64_t *b, uint64_t pol) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-                 "[%0], [%1], %2, [%3], %4;" ::"r"(qs_saddr(dst)),
-                 "l"(src), "r"(bytes), "r"(qs_saddr(b)), "l"(pol)
-                 : "memory");
-}
-#endif
 
 static __host__ __device__ __forceinline__ size_t qs_stage_bytes(int C, int ng) {
     return (size_t)QS_ROWS * C * 16 + (size_t)2 * QS_ROWS * ng * 2;

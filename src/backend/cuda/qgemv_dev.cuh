@@ -236,6 +236,22 @@ static __device__ __forceinline__ void qload(qstage &S, int i, int u, const uint
     }
 }
 
+// acc + one 16-byte chunk of 4-bit weights (device layout) dotted with one int8 plane of a block
+// (xl, xh: its lo and hi words, qx_smem).
+static __device__ __forceinline__ int q4_dot(const uint32_t *w, const uint32_t *xl,
+                                             const uint32_t *xh, int acc) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        acc = __dp4a((int)(w[k] & 0x0F0F0F0Fu), (int)xl[k], acc);
+        acc = __dp4a((int)((w[k] >> 4) & 0x0F0F0F0Fu), (int)xh[k], acc);
+    }
+    return acc;
+}
+// The integer dot products of both planes (x ~= d (x1 + x2 / 254)) as one value.
+static __device__ __forceinline__ float qx_dot(float d, const int (&is)[2]) {
+    return d * fmaf((float)is[1], 1.f / 254.f, (float)is[0]);
+}
+
 // The dot products of one step: for chunk c = it * QG_CHUNKS + 32 u + lane of row i, term(i, u,
 // s, dot, b, xs) gets its scale s, its integer dot product times the block's d, its bias b and the
 // block's sum xs; row i's dot product gains fmaf(s, dot, fmaf(b, xs, acc)) per chunk (qdot).
@@ -267,17 +283,14 @@ static __device__ __forceinline__ void qstep(const qstage &S, const qx_smem &q, 
 #pragma unroll
             for (int pl = 0; pl < 2; pl++) {
                 const uint32_t *xl = &xa[pl].x, *xh = &xb[pl].x;
+                if constexpr (BITS == 4) {
+                    is[pl] = q4_dot(w, xl, xh, is[pl]);
+                } else {
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    if constexpr (BITS == 4) {
-                        is[pl] = __dp4a((int)(w[k] & 0x0F0F0F0Fu), (int)xl[k], is[pl]);
-                        is[pl] = __dp4a((int)((w[k] >> 4) & 0x0F0F0F0Fu), (int)xh[k], is[pl]);
-                    } else {
-                        is[pl] = dp4a_us(w[k], xl[k], is[pl]);
-                    }
+                    for (int k = 0; k < 4; k++) is[pl] = dp4a_us(w[k], xl[k], is[pl]);
                 }
             }
-            const float dot = d * fmaf((float)is[1], 1.f / 254.f, (float)is[0]);
+            const float dot = qx_dot(d, is);
             term(i, u, bf16_bits_to_f32(S.s[i][u]), dot, bf16_bits_to_f32(S.b[i][u]), xs);
         }
     }
