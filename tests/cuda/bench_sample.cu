@@ -2,7 +2,9 @@
 // (top-k 20 with top-p 0.95, the Qwen models' defaults; top-k 64 with min-p; greedy with logprobs;
 // top-p without top-k; temperature alone) and the one-block kernel on the same calls. Each path
 // runs 100 times in a captured graph, as in the decode step (programmatic launch where the card has
-// it), over logits shaped like a model's: a few hundred plausible ids well above a Gaussian bulk.
+// it), over logits shaped like a trained model's (a few hundred plausible ids well above a Gaussian
+// bulk) and over the bulk alone, as a random model's flat logits (where top-p and min-p without
+// top-k keep thousands of ids, and the candidate kernel hands over to the one-block sampler).
 // usage: bench_sample [vocab]
 #include "common_check.cuh"
 
@@ -10,8 +12,9 @@ int main(int argc, char **argv) {
     init_device();
     const int V = argc > 1 ? atoi(argv[1]) : 248320;
     if (V < 64) return fprintf(stderr, "bench_sample: vocab must be at least 64\n"), 2;
-    std::vector<float> l(V);
-    for (int i = 0; i < V; i++) l[i] = rnd_f(-1.f, 1.f) + rnd_f(-1.f, 1.f) + rnd_f(-1.f, 1.f);
+    std::vector<float> flat(V), l(V);
+    for (int i = 0; i < V; i++) flat[i] = rnd_f(-1.f, 1.f) + rnd_f(-1.f, 1.f) + rnd_f(-1.f, 1.f);
+    l = flat;
     for (int i = 0; i < 300; i++) l[rnd_u32() % V] += rnd_f(4.f, 12.f);
     float *logits, *work;
     int *counts, *step, *pos, *tok;
@@ -52,6 +55,7 @@ int main(int argc, char **argv) {
         {"temperature 0.7, top-k 64, min-p 0.05", 0.7f, 1.f, 0.05f, 64, -1},
         {"temperature 0.7, top-p 0.9 (no top-k)", 0.7f, 0.9f, 0.f, 0, -1},
         {"temperature 1 (no truncation)", 1.f, 1.f, 0.f, 0, -1},
+        {"temperature 1, min-p 0.1 (no top-k)", 1.f, 1.f, 0.1f, 0, -1},
     };
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -59,26 +63,30 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     printf("vocab %d, us per call (100 calls in a graph)\n", V);
-    for (auto &r : runs) {
-        for (int one = 0; one < 2; one++) {
-            p.temperature = r.temp, p.top_p = r.top_p, p.min_p = r.min_p, p.top_k = r.top_k;
-            p.n_logprobs = r.n_logprobs, p.one_block = one;
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-            for (int i = 0; i < 100; i++) WK(sample_launch(&p, s, &err_));
-            CK(cudaStreamEndCapture(s, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            CK(cudaGraphLaunch(ge, s)); // warm-up
-            CK(cudaEventRecord(e0, s));
-            CK(cudaGraphLaunch(ge, s));
-            CK(cudaEventRecord(e1, s));
-            CK(cudaStreamSynchronize(s));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            printf("  %-42s %-10s %8.2f\n", r.name, one ? "one block" : "default", ms * 10.f);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
+    for (int shape = 0; shape < 2; shape++) {
+        printf("%s logits\n", shape ? "flat" : "peaked");
+        CK(cudaMemcpy(logits, (shape ? flat : l).data(), V * 4, cudaMemcpyHostToDevice));
+        for (auto &r : runs) {
+            for (int one = 0; one < 2; one++) {
+                p.temperature = r.temp, p.top_p = r.top_p, p.min_p = r.min_p, p.top_k = r.top_k;
+                p.n_logprobs = r.n_logprobs, p.one_block = one;
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+                for (int i = 0; i < 100; i++) WK(sample_launch(&p, s, &err_));
+                CK(cudaStreamEndCapture(s, &g));
+                CK(cudaGraphInstantiate(&ge, g, 0));
+                CK(cudaGraphLaunch(ge, s)); // warm-up
+                CK(cudaEventRecord(e0, s));
+                CK(cudaGraphLaunch(ge, s));
+                CK(cudaEventRecord(e1, s));
+                CK(cudaStreamSynchronize(s));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                printf("  %-42s %-10s %8.2f\n", r.name, one ? "one block" : "default", ms * 10.f);
+                CK(cudaGraphExecDestroy(ge));
+                CK(cudaGraphDestroy(g));
+            }
         }
     }
     return finish("bench_sample");

@@ -309,6 +309,9 @@ int main(void) {
     t_dist("min-p 0.1", 400, 1.f, 0, 1.f, 0.1f, 20000);
     t_dist("top-k 20 top-p 0.8 min-p 0.05", 248320, 0.7f, 20, 0.8f, 0.05f, 3000);
     t_dist("top-k 40 temp 1", 248320, 1.f, 40, 1.f, 0.f, 3000);
+    // flat logits keep ~10^5 ids: the one-block sampler's mass selection and draw
+    t_dist("top-p 0.5 temp 1, vocab 248320 (one-block)", 248320, 1.f, 0, 0.5f, 0.f, 3000);
+    t_dist("min-p 0.02 temp 0.9, vocab 248320 (one-block)", 248320, 0.9f, 0, 1.f, 0.02f, 3000);
     t_same("top-k 20 top-p 0.95", 248320, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
     t_same("top-k 64 temp 0.6 min-p 0.02 + penalties", 248320, 0.6f, 64, 1.f, 0.02f, true, -1, 0,
            false, 200);

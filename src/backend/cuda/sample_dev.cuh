@@ -37,14 +37,16 @@ static __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
 
 // Logit i with the penalties (HF repetition over prompt + generated; OpenAI presence/frequency over
 // generated). The counts are read only when a count penalty is on (l - 0 is l).
-static __device__ __forceinline__ float pen_logit(const struct sample_params &p, int i) {
-    float l = p.logits[i];
+static __device__ __forceinline__ float pen_adjust(const struct sample_params &p, int i, float l) {
     if (p.repetition != 1.f && p.seen[i]) l = l > 0.f ? l / p.repetition : l * p.repetition;
     if (p.frequency != 0.f || p.presence != 0.f) {
         const int c = p.counts[i];
         if (c) l -= p.frequency * (float)c + p.presence;
     }
     return l;
+}
+static __device__ __forceinline__ float pen_logit(const struct sample_params &p, int i) {
+    return pen_adjust(p, i, p.logits[i]);
 }
 
 // Records the chosen token: ring slot, next input, counts, step and position counters.
@@ -67,15 +69,36 @@ static __device__ void emit(const struct sample_params &p, int tok, float logpro
 typedef cub::BlockReduce<float, SAMPLE_THREADS> BRf;
 typedef cub::BlockScan<float, SAMPLE_THREADS> BSf;
 
+// Calls f(i, a[i]) for this thread's ids i = tid, tid + blockDim.x, ... below n, in order, with the
+// loads of RUN_BATCH of them in flight at once (one block over a 248K vocabulary: a loop of
+// dependent round trips to the L2, 243 per thread, was most of the one-block sampler's time).
+#define RUN_BATCH 8
+template <typename F>
+static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
+    const int nt = blockDim.x;
+    for (int i0 = threadIdx.x; i0 < n; i0 += RUN_BATCH * nt) {
+        float w[RUN_BATCH];
+#pragma unroll
+        for (int j = 0; j < RUN_BATCH; j++) w[j] = i0 + j * nt < n ? a[i0 + j * nt] : 0.f;
+#pragma unroll
+        for (int j = 0; j < RUN_BATCH; j++)
+            if (i0 + j * nt < n) f(i0 + j * nt, w[j]);
+    }
+}
+
+#define RS_BINS 2048 // radix selection: 11-bit digits, so a 32-bit key takes three passes
+static_assert(2 * SAMPLE_THREADS >= RS_BINS, "radix_select: two digits per thread");
+
 struct samp_smem {
     union {
         typename BRf::TempStorage r;
         typename BSf::TempStorage s;
     } cub;
-    float hist[256];
-    unsigned cnt[256];
+    float hist[RS_BINS]; // count or mass per digit (counts are exact in f32 up to 2^24)
     float bf;
     uint32_t bu;
+    int pick; // radix_select's chosen digit, counted from the top; the draw's tile
+    int last; // the draw's last tile with any mass
     int chosen;
     int ncand;
     int cand_id[64];
@@ -83,41 +106,60 @@ struct samp_smem {
 };
 
 // Radix selection over the values v(i) = scale * work[i] of ids with key >= floor_key: returns the
-// key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau).
-// Mass of id i is exp(v(i) - vmax).
+// key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau), where the
+// target is `want` for a count and want x (the mass of every key >= floor_key) for a mass. Mass
+// of id i is exp(v(i) - vmax). A thread adds a run of ids falling in one digit before it touches
+// the histogram: flat logits put almost every id in one digit, and 1,024 threads' atomics on one
+// address serialised the one-block sampler to 0.3-2.3 ms per token (RESULTS.md).
 template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
-                                        uint32_t floor_key, float target, samp_smem &sm) {
+                                        uint32_t floor_key, float want, samp_smem &sm) {
+    const int tid = threadIdx.x;
     uint32_t prefix = 0, mask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = threadIdx.x; b < 256; b += blockDim.x) sm.hist[b] = 0.f, sm.cnt[b] = 0;
+    float target = want;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        const uint32_t dmask = pass == 2 ? 1023u : 2047u;
+        for (int b = tid; b < RS_BINS; b += blockDim.x) sm.hist[b] = 0.f;
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            float v = work[i] * scale;
-            uint32_t k = fkey(v);
-            if (k < floor_key || (k & mask) != prefix) continue;
-            int bin = (k >> shift) & 255;
-            if (MASS)
-                atomicAdd(&sm.hist[bin], __expf(v - vmax));
-            else
-                atomicAdd(&sm.cnt[bin], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float acc = 0.f;
-            int b = 255;
-            for (; b > 0; b--) {
-                float c = MASS ? sm.hist[b] : (float)sm.cnt[b];
-                if (acc + c >= target) break;
-                acc += c;
+        int run = -1;
+        float acc = 0.f;
+        for_my_ids(work, n, [&](int, float w) {
+            const float v = w * scale;
+            const uint32_t k = fkey(v);
+            if (k < floor_key || (k & mask) != prefix) return;
+            const int bin = (int)((k >> shift) & dmask);
+            if (bin != run) {
+                if (run >= 0) atomicAdd(&sm.hist[run], acc);
+                run = bin, acc = 0.f;
             }
-            sm.bf = target - acc;
-            sm.bu = (uint32_t)b;
+            acc += MASS ? __expf(v - vmax) : 1.f;
+        });
+        if (run >= 0) atomicAdd(&sm.hist[run], acc);
+        __syncthreads();
+        // cumulative sums from the top digit down (thread t: digits top - 2t and top - 2t - 1);
+        // the chosen digit is the first whose sum reaches the target (the lowest if none does),
+        // its predecessor's sum read from the same array, so every thread agrees on both
+        const int nb = (int)dmask + 1, top = nb - 1 - 2 * tid;
+        const bool mine = 2 * tid < nb;
+        const float a = mine ? sm.hist[top] : 0.f, b = mine ? sm.hist[top - 1] : 0.f;
+        if (tid == 0) sm.pick = nb - 1;
+        float excl, total;
+        BSf(sm.cub.s).ExclusiveSum(a + b, excl, total);
+        if (MASS && pass == 0) target = want * total;
+        if (mine) {
+            const float c1 = excl + a, c2 = c1 + b;
+            sm.hist[top] = c1, sm.hist[top - 1] = c2;
+            if (c1 >= target)
+                atomicMin(&sm.pick, 2 * tid);
+            else if (c2 >= target)
+                atomicMin(&sm.pick, 2 * tid + 1);
         }
         __syncthreads();
-        target = sm.bf;
-        prefix |= sm.bu << shift;
-        mask |= 255u << shift;
+        const int r = sm.pick, digit = nb - 1 - r;
+        target -= r == 0 ? 0.f : sm.hist[digit + 1];
+        prefix |= (uint32_t)digit << shift;
+        mask |= dmask << shift;
         __syncthreads();
     }
     return prefix;
@@ -130,11 +172,11 @@ static __device__ void sample_full(const struct sample_params &p) {
     // penalties (HF repetition over prompt + generated; OpenAI presence/frequency over generated)
     float mx = -INFINITY;
     int mi = 0x7fffffff;
-    for (int i = tid; i < n; i += blockDim.x) {
-        const float l = pen_logit(p, i);
+    for_my_ids(p.logits, n, [&](int i, float w) {
+        const float l = pen_adjust(p, i, w);
         p.work[i] = l;
         if (l > mx) mx = l, mi = i;
-    }
+    });
     // block argmax of the penalised logits (ties: lower id)
     {
         unsigned long long k = mi == 0x7fffffff ? 0ull : lkey(mx, mi);
@@ -155,49 +197,92 @@ static __device__ void sample_full(const struct sample_params &p) {
         if (p.top_k > 0 && p.top_k < n)
             floor_key = radix_select<false>(p.work, n, sc, vmax, 0, (float)p.top_k, sm);
         if (p.top_p < 1.f) {
-            float z = 0.f;
-            for (int i = tid; i < n; i += blockDim.x) {
-                float v = p.work[i] * sc;
-                if (fkey(v) >= floor_key) z += __expf(v - vmax);
-            }
-            z = BRf(sm.cub.r).Sum(z);
-            if (tid == 0) sm.bf = z;
-            __syncthreads();
-            z = sm.bf;
-            __syncthreads();
             uint32_t t =
-                radix_select<true>(p.work, n, sc, vmax, floor_key, fmaxf(p.top_p, 0.f) * z, sm);
+                radix_select<true>(p.work, n, sc, vmax, floor_key, fmaxf(p.top_p, 0.f), sm);
             floor_key = t > floor_key ? t : floor_key;
         }
         if (p.min_p > 0.f) {
             uint32_t t = fkey(vmax + logf(p.min_p));
             floor_key = t > floor_key ? t : floor_key;
         }
-        // draw: ordered scan over contiguous per-thread segments
-        const int seg = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-        const int b0 = tid * seg, b1 = min(n, b0 + seg);
-        float local = 0.f;
-        for (int i = b0; i < b1; i++) {
-            float v = p.work[i] * sc;
-            if (fkey(v) >= floor_key) local += __expf(v - vmax);
-        }
-        float excl, total;
-        BSf(sm.cub.s).ExclusiveSum(local, excl, total);
-        if (tid == 0) sm.chosen = -1;
-        __syncthreads();
-        uint64_t r = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
-        float target = (float)(r >> 40) * (1.f / 16777216.f) * total;
-        if (target >= excl && target < excl + local) {
-            float acc = excl;
-            int last = -1;
-            for (int i = b0; i < b1; i++) {
-                float v = p.work[i] * sc;
-                if (fkey(v) < floor_key) continue;
-                last = i;
-                acc += __expf(v - vmax);
-                if (acc > target) break;
+        // draw: the first id in id order whose cumulative mass exceeds u x the total. The masses
+        // of tiles of consecutive ids (a warp per tile, coalesced), a scan over the tiles, then
+        // one warp walks the tile that holds the target (per-thread segments of 243 ids, read one
+        // dependent load after another, took ~0.1 ms)
+        const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+        const int tile = 256 * ((n + 256 * RS_BINS - 1) / (256 * RS_BINS)),
+                  ntiles = (n + tile - 1) / tile;
+        // a lane's 8 ids of a batch of 256 (i0 + 32 j + lane) and their masses (0: below the floor)
+        auto batch = [&](int i0, float(&c)[8]) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int i = i0 + 32 * j + lane;
+                c[j] = i < n ? p.work[i] * sc : -INFINITY;
             }
-            if (last >= 0) sm.chosen = last;
+#pragma unroll
+            for (int j = 0; j < 8; j++) c[j] = fkey(c[j]) >= floor_key ? __expf(c[j] - vmax) : 0.f;
+        };
+        for (int t = warp; t < ntiles; t += nw) {
+            float m = 0.f;
+            for (int i0 = t * tile; i0 < min(n, (t + 1) * tile); i0 += 256) {
+                float c[8];
+                batch(i0, c);
+#pragma unroll
+                for (int j = 0; j < 8; j++) m += c[j];
+            }
+#pragma unroll
+            for (int o = 16; o; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+            if (lane == 0) sm.hist[t] = m;
+        }
+        if (tid == 0) sm.pick = INT_MAX, sm.last = -1, sm.chosen = -1;
+        __syncthreads();
+        const bool mine = 2 * tid < ntiles, mine2 = 2 * tid + 1 < ntiles;
+        const float m0 = mine ? sm.hist[2 * tid] : 0.f, m1 = mine2 ? sm.hist[2 * tid + 1] : 0.f;
+        float excl, total;
+        BSf(sm.cub.s).ExclusiveSum(m0 + m1, excl, total);
+        const uint64_t r = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
+        const float target = (float)(r >> 40) * (1.f / 16777216.f) * total;
+        // the first tile whose cumulative mass exceeds the target, else the last with any mass
+        const float c1 = excl + m0, c2 = c1 + m1;
+        if (mine) sm.hist[2 * tid] = c1;
+        if (mine2) sm.hist[2 * tid + 1] = c2;
+        if (m0 > 0.f && c1 > target)
+            atomicMin(&sm.pick, 2 * tid);
+        else if (m1 > 0.f && c2 > target)
+            atomicMin(&sm.pick, 2 * tid + 1);
+        if (m1 > 0.f || m0 > 0.f) atomicMax(&sm.last, m1 > 0.f ? 2 * tid + 1 : 2 * tid);
+        __syncthreads();
+        const int t = sm.pick != INT_MAX ? sm.pick : sm.last; // -1: no id has any mass
+        if (warp == 0 && t >= 0) {
+            // past the end of the tile's mass (rounding): its last id with any (ids whose mass
+            // underflows to 0 are never drawn)
+            const float tg = sm.pick != INT_MAX ? target - (t ? sm.hist[t - 1] : 0.f) : INFINITY;
+            float acc = 0.f;
+            int pick = -1, last = -1;
+            for (int i0 = t * tile; i0 < min(n, (t + 1) * tile) && pick < 0; i0 += 256) {
+                float c[8];
+                batch(i0, c);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const bool in = c[j] > 0.f;
+                    float x = c[j];
+#pragma unroll
+                    for (int o = 1; o < 32; o <<= 1) {
+                        const float y = __shfl_up_sync(0xffffffffu, x, o);
+                        if (lane >= o) x += y;
+                    }
+                    const unsigned hit = __ballot_sync(0xffffffffu, in && acc + x > tg);
+                    const unsigned any = __ballot_sync(0xffffffffu, in);
+                    if (pick < 0) {
+                        if (hit)
+                            pick = i0 + 32 * j + __ffs(hit) - 1;
+                        else if (any)
+                            last = i0 + 32 * j + 31 - __clz(any);
+                    }
+                    acc += __shfl_sync(0xffffffffu, x, 31);
+                }
+            }
+            if (lane == 0) sm.chosen = pick >= 0 ? pick : last;
         }
         __syncthreads();
         if (sm.chosen >= 0) tok = sm.chosen;
@@ -208,7 +293,7 @@ static __device__ void sample_full(const struct sample_params &p) {
     int ntop = 0;
     if (p.n_logprobs >= 0) {
         float z = 0.f;
-        for (int i = tid; i < n; i += blockDim.x) z += __expf(p.work[i] - mx);
+        for_my_ids(p.work, n, [&](int, float w) { z += __expf(w - mx); });
         z = BRf(sm.cub.r).Sum(z);
         if (tid == 0) sm.bf = z;
         __syncthreads();
