@@ -86,81 +86,129 @@ static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
     }
 }
 
-#define RS_BINS 2048 // radix selection: 11-bit digits, so a 32-bit key takes three passes
-static_assert(2 * SAMPLE_THREADS >= RS_BINS, "radix_select: two digits per thread");
+// Radix selection: the values are first binned by their distance below the largest, the bins
+// spread over the values' span (beyond 32 nats, 1/64 of a nat per bin) so that the 248K
+// histogram updates land on many addresses (by the key's top bits, they land on a few dozen; the
+// block's updates to them took ~0.12 ms per pass), then the chosen bin's keys in three passes of
+// 11, 11 and 10 bits.
+#define RS_BINS    2048
+#define RS_PER_NAT 64.f
+#define RS_LIST    1024 // the chosen bin's keys kept in shared memory (flat logits: ~500)
+static_assert(2 * SAMPLE_THREADS >= RS_BINS, "radix_select: two bins per thread");
 
 struct samp_smem {
     union {
         typename BRf::TempStorage r;
         typename BSf::TempStorage s;
     } cub;
-    float hist[RS_BINS]; // count or mass per digit (counts are exact in f32 up to 2^24)
-    float bf;
+    float hist[RS_BINS]; // count or mass per bin, largest values first (counts are exact in f32)
+    float bf, lo;
     uint32_t bu;
-    int pick; // radix_select's chosen digit, counted from the top; the draw's tile
-    int last; // the draw's last tile with any mass
+    int pick;                 // rs_pick's and the draw's chosen bin / tile
+    int last;                 // the last with any count or mass
+    int nlist;                // keys of radix_select's chosen value bin (beyond RS_LIST: not kept)
+    uint32_t list_k[RS_LIST]; // and their counts or masses
+    float list_m[RS_LIST];
     int chosen;
     int ncand;
     int cand_id[64];
     float cand_v[64];
 };
 
+// The first of the nb bins in sm.hist (largest values first) whose cumulative count or mass reaches
+// the target, else the last with any (so that a bin's sum taken again in another order, a rounding
+// short of the target, still ends in its smallest key); the target becomes what is left of it
+// inside that bin. The cumulative sums are written back and both the bin and its predecessor's sum
+// read from them, so every thread agrees on both. With of_total, the target is first taken as that
+// fraction of the bins' total.
+static __device__ int rs_pick(samp_smem &sm, int nb, float &target, bool of_total) {
+    const int tid = threadIdx.x;
+    const bool mine = 2 * tid < nb;
+    const float a = mine ? sm.hist[2 * tid] : 0.f, b = mine ? sm.hist[2 * tid + 1] : 0.f;
+    if (tid == 0) sm.pick = INT_MAX, sm.last = -1;
+    float excl, total;
+    BSf(sm.cub.s).ExclusiveSum(a + b, excl, total);
+    if (of_total) target *= total;
+    if (mine) {
+        const float c1 = excl + a, c2 = c1 + b;
+        sm.hist[2 * tid] = c1, sm.hist[2 * tid + 1] = c2;
+        if (c1 >= target)
+            atomicMin(&sm.pick, 2 * tid);
+        else if (c2 >= target)
+            atomicMin(&sm.pick, 2 * tid + 1);
+        if (a > 0.f || b > 0.f) atomicMax(&sm.last, b > 0.f ? 2 * tid + 1 : 2 * tid);
+    }
+    __syncthreads();
+    const int r = sm.pick != INT_MAX ? sm.pick : sm.last >= 0 ? sm.last : nb - 1;
+    target -= r ? sm.hist[r - 1] : 0.f;
+    __syncthreads();
+    return r;
+}
+
 // Radix selection over the values v(i) = scale * work[i] of ids with key >= floor_key: returns the
 // key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau), where the
 // target is `want` for a count and want x (the mass of every key >= floor_key) for a mass. Mass
-// of id i is exp(v(i) - vmax). A thread adds a run of ids falling in one digit before it touches
-// the histogram: flat logits put almost every id in one digit, and 1,024 threads' atomics on one
-// address serialised the one-block sampler to 0.3-2.3 ms per token (RESULTS.md).
+// of id i is exp(v(i) - vmax); span: the largest value minus the smallest finite one. The first key
+// pass also keeps the chosen value bin's keys in shared
+// memory, so that, where they fit, the last two read them instead of the whole vocabulary. A
+// thread adds a run of ids falling in one bin before it touches the histogram.
 template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
-                                        uint32_t floor_key, float want, samp_smem &sm) {
-    const int tid = threadIdx.x;
-    uint32_t prefix = 0, mask = 0;
+                                        float span, uint32_t floor_key, float want, samp_smem &sm) {
+    // the value bin: monotone in v, so a higher bin's keys all exceed a lower one's
+    const float per = span > 0.f && span < RS_BINS / RS_PER_NAT ? RS_BINS / span : RS_PER_NAT;
+    auto vbin = [&](float v) { return (int)fmaxf(fminf((vmax - v) * per, RS_BINS - 1.f), 0.f); };
     float target = want;
-    for (int pass = 0; pass < 3; pass++) {
-        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-        const uint32_t dmask = pass == 2 ? 1023u : 2047u;
-        for (int b = tid; b < RS_BINS; b += blockDim.x) sm.hist[b] = 0.f;
+    int vb = 0;
+    uint32_t prefix = 0, mask = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = pass == 1 ? 21 : pass == 2 ? 10 : 0;
+        const uint32_t dmask = pass == 3 ? 1023u : 2047u;
+        const int nb = pass == 0 ? RS_BINS : (int)dmask + 1;
+        const bool listed = pass >= 2 && sm.nlist <= RS_LIST;
+        for (int b = threadIdx.x; b < RS_BINS; b += blockDim.x) sm.hist[b] = 0.f;
+        __syncthreads(); // also: every thread has read sm.nlist
+        if (pass == 1 && threadIdx.x == 0) sm.nlist = 0;
         __syncthreads();
         int run = -1;
         float acc = 0.f;
-        for_my_ids(work, n, [&](int, float w) {
-            const float v = w * scale;
-            const uint32_t k = fkey(v);
-            if (k < floor_key || (k & mask) != prefix) return;
-            const int bin = (int)((k >> shift) & dmask);
+        auto add = [&](int bin, float m) {
             if (bin != run) {
                 if (run >= 0) atomicAdd(&sm.hist[run], acc);
                 run = bin, acc = 0.f;
             }
-            acc += MASS ? __expf(v - vmax) : 1.f;
-        });
+            acc += m;
+        };
+        if (listed) {
+            for (int j = threadIdx.x; j < sm.nlist; j += blockDim.x) {
+                const uint32_t k = sm.list_k[j];
+                if ((k & mask) == prefix) add(nb - 1 - (int)((k >> shift) & dmask), sm.list_m[j]);
+            }
+        } else {
+            for_my_ids(work, n, [&](int, float w) {
+                const float v = w * scale;
+                const uint32_t k = fkey(v);
+                if (k < floor_key) return;
+                const int bin = vbin(v);
+                if (pass > 0 && (bin != vb || (k & mask) != prefix)) return;
+                const float m = MASS ? __expf(v - vmax) : 1.f;
+                if (pass == 0) return add(bin, m);
+                if (pass == 1) {
+                    const int slot = atomicAdd(&sm.nlist, 1);
+                    if (slot < RS_LIST) sm.list_k[slot] = k, sm.list_m[slot] = m;
+                }
+                add(nb - 1 - (int)((k >> shift) & dmask), m);
+            });
+        }
         if (run >= 0) atomicAdd(&sm.hist[run], acc);
         __syncthreads();
-        // cumulative sums from the top digit down (thread t: digits top - 2t and top - 2t - 1);
-        // the chosen digit is the first whose sum reaches the target (the lowest if none does),
-        // its predecessor's sum read from the same array, so every thread agrees on both
-        const int nb = (int)dmask + 1, top = nb - 1 - 2 * tid;
-        const bool mine = 2 * tid < nb;
-        const float a = mine ? sm.hist[top] : 0.f, b = mine ? sm.hist[top - 1] : 0.f;
-        if (tid == 0) sm.pick = nb - 1;
-        float excl, total;
-        BSf(sm.cub.s).ExclusiveSum(a + b, excl, total);
-        if (MASS && pass == 0) target = want * total;
-        if (mine) {
-            const float c1 = excl + a, c2 = c1 + b;
-            sm.hist[top] = c1, sm.hist[top - 1] = c2;
-            if (c1 >= target)
-                atomicMin(&sm.pick, 2 * tid);
-            else if (c2 >= target)
-                atomicMin(&sm.pick, 2 * tid + 1);
+        const int r = rs_pick(sm, nb, target, MASS && pass == 0);
+        if (pass == 0) {
+            vb = r;
+        } else {
+            prefix |= (uint32_t)(nb - 1 - r) << shift;
+            mask |= dmask << shift;
         }
-        __syncthreads();
-        const int r = sm.pick, digit = nb - 1 - r;
-        target -= r == 0 ? 0.f : sm.hist[digit + 1];
-        prefix |= (uint32_t)digit << shift;
-        mask |= dmask << shift;
-        __syncthreads();
     }
     return prefix;
 }
@@ -170,12 +218,13 @@ static __device__ void sample_full(const struct sample_params &p) {
     __shared__ samp_smem sm;
     const int n = p.n_vocab, tid = threadIdx.x;
     // penalties (HF repetition over prompt + generated; OpenAI presence/frequency over generated)
-    float mx = -INFINITY;
+    float mx = -INFINITY, mn = INFINITY;
     int mi = 0x7fffffff;
     for_my_ids(p.logits, n, [&](int i, float w) {
         const float l = pen_adjust(p, i, w);
         p.work[i] = l;
         if (l > mx) mx = l, mi = i;
+        if (l > -INFINITY) mn = fminf(mn, l);
     });
     // block argmax of the penalised logits (ties: lower id)
     {
@@ -188,17 +237,21 @@ static __device__ void sample_full(const struct sample_params &p) {
         __syncthreads();
         mi = (int)sm.bu;
         mx = sm.bf;
+        mn = BRf(sm.cub.r).Reduce(mn, [](float a, float b) { return fminf(a, b); });
+        if (tid == 0) sm.lo = mn;
+        __syncthreads();
+        mn = sm.lo;
         __syncthreads();
     }
     int tok = mi;
     if (p.temperature > 0.f) {
-        const float sc = 1.f / p.temperature, vmax = mx * sc;
+        const float sc = 1.f / p.temperature, vmax = mx * sc, span = (mx - mn) * sc;
         uint32_t floor_key = 0;
         if (p.top_k > 0 && p.top_k < n)
-            floor_key = radix_select<false>(p.work, n, sc, vmax, 0, (float)p.top_k, sm);
+            floor_key = radix_select<false>(p.work, n, sc, vmax, span, 0, (float)p.top_k, sm);
         if (p.top_p < 1.f) {
             uint32_t t =
-                radix_select<true>(p.work, n, sc, vmax, floor_key, fmaxf(p.top_p, 0.f), sm);
+                radix_select<true>(p.work, n, sc, vmax, span, floor_key, fmaxf(p.top_p, 0.f), sm);
             floor_key = t > floor_key ? t : floor_key;
         }
         if (p.min_p > 0.f) {
@@ -207,8 +260,8 @@ static __device__ void sample_full(const struct sample_params &p) {
         }
         // draw: the first id in id order whose cumulative mass exceeds u x the total. The masses
         // of tiles of consecutive ids (a warp per tile, coalesced), a scan over the tiles, then
-        // one warp walks the tile that holds the target (per-thread segments of 243 ids, read one
-        // dependent load after another, took ~0.1 ms)
+        // one warp walks the tile that holds the target (it was per-thread segments of 243 ids,
+        // one dependent load after another)
         const int lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
         const int tile = 256 * ((n + 256 * RS_BINS - 1) / (256 * RS_BINS)),
                   ntiles = (n + tile - 1) / tile;
@@ -301,7 +354,7 @@ static __device__ void sample_full(const struct sample_params &p) {
         lp = p.work[tok] - lse;
         ntop = min(p.n_logprobs, min(WREN_MAX_TOP_LOGPROBS, n));
         if (ntop > 0) {
-            uint32_t t = radix_select<false>(p.work, n, 1.f, mx, 0, (float)ntop, sm);
+            uint32_t t = radix_select<false>(p.work, n, 1.f, mx, mx - mn, 0, (float)ntop, sm);
             if (tid == 0) sm.ncand = 0;
             __syncthreads();
             for (int i = tid; i < n; i += blockDim.x) {
