@@ -70,8 +70,8 @@ typedef cub::BlockReduce<float, SAMPLE_THREADS> BRf;
 typedef cub::BlockScan<float, SAMPLE_THREADS> BSf;
 
 // Calls f(i, a[i]) for this thread's ids i = tid, tid + blockDim.x, ... below n, in order, with the
-// loads of RUN_BATCH of them in flight at once (one block over a 248K vocabulary: a loop of
-// dependent round trips to the L2, 243 per thread, was most of the one-block sampler's time).
+// loads of RUN_BATCH of them in flight at once (one block over a 248K vocabulary: otherwise a
+// chain of 243 dependent round trips to the L2 per thread and pass).
 #define RUN_BATCH 8
 template <typename F>
 static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
@@ -93,7 +93,7 @@ static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
 // 11, 11 and 10 bits.
 #define RS_BINS    2048
 #define RS_PER_NAT 64.f
-#define RS_LIST    1024 // the chosen bin's keys kept in shared memory (flat logits: ~500)
+#define RS_LIST    1024 // the chosen bin's keys kept in shared memory (248K ids: ~120 per bin)
 static_assert(2 * SAMPLE_THREADS >= RS_BINS, "radix_select: two bins per thread");
 
 struct samp_smem {
@@ -149,9 +149,9 @@ static __device__ int rs_pick(samp_smem &sm, int nb, float &target, bool of_tota
 // key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau), where the
 // target is `want` for a count and want x (the mass of every key >= floor_key) for a mass. Mass
 // of id i is exp(v(i) - vmax); span: the largest value minus the smallest finite one. The first key
-// pass also keeps the chosen value bin's keys in shared
-// memory, so that, where they fit, the last two read them instead of the whole vocabulary. A
-// thread adds a run of ids falling in one bin before it touches the histogram.
+// pass also keeps the chosen value bin's keys in shared memory, so that, where they fit, the last
+// two read them instead of the whole vocabulary. A thread adds a run of ids falling in one bin
+// before it touches the histogram.
 template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
                                         float span, uint32_t floor_key, float want, samp_smem &sm) {
