@@ -183,6 +183,43 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     check_true(name, same);
 }
 
+// The one-block sampler's top-p at its value bins' edges: 1,025 logits in descending order, one per
+// 1/128 nat in pairs of bins with an empty pair between (span 16: 128 bins per nat), top-p swept
+// over +-24 f32 steps around every pair's cumulative mass. A drawn id (here its rank) must lie in
+// the host's kept set, or be the next id (f32 rounding). An empty bin chosen where the running
+// sums of two threads differ by a rounding kept every id (thirty-fourth session's review).
+static void t_topp_edges() {
+    std::vector<float> l;
+    for (int t = 0; t < 1024; t += 2)
+        for (int b = 2 * t; b < 2 * t + 2; b++) l.push_back(b ? -(b + .5f) / 128.f : 0.f);
+    l.push_back(-16.f);
+    const int V = (int)l.size();
+    struct sbuf b = mk(V);
+    CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
+    double tot = 0, c = 0;
+    for (float v : l) tot += exp((double)v);
+    struct sample_params p = base(b);
+    p.temperature = 1.f, p.one_block = true;
+    int bad = 0, n = 0;
+    for (int i = 0; i + 1 < V; i += 2) {
+        c += exp((double)l[i]) + exp((double)l[i + 1]);
+        for (int j = -24; j <= 24; j++) {
+            const float q = (float)(c / tot * (1 + j * ldexp(1., -24)));
+            if (q >= 1.f) continue;
+            int k = 0;
+            for (double acc = 0; k < V && acc < (double)q * tot;) acc += exp((double)l[k++]);
+            p.top_p = q;
+            const int t = draw(p, b);
+            n++;
+            bad += t < 0 || t > k;
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "top-p at value-bin edges (one-block): %d of %d draws kept",
+             n - bad, n);
+    check_true(name, bad == 0);
+}
+
 static uint64_t host_splitmix64(uint64_t x) { // the sampler's counter-based RNG, as specified
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -312,6 +349,7 @@ int main(void) {
     // flat logits keep ~10^5 ids: the one-block sampler's mass selection and draw
     t_dist("top-p 0.5 temp 1, vocab 248320 (one-block)", 248320, 1.f, 0, 0.5f, 0.f, 3000);
     t_dist("min-p 0.02 temp 0.9, vocab 248320 (one-block)", 248320, 0.9f, 0, 1.f, 0.02f, 3000);
+    t_topp_edges();
     t_same("top-k 20 top-p 0.95", 248320, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
     t_same("top-k 64 temp 0.6 min-p 0.02 + penalties", 248320, 0.6f, 64, 1.f, 0.02f, true, -1, 0,
            false, 200);

@@ -115,26 +115,29 @@ struct samp_smem {
     float cand_v[64];
 };
 
-// The first of the nb bins in sm.hist (largest values first) whose cumulative count or mass reaches
-// the target, else the last with any (so that a bin's sum taken again in another order, a rounding
-// short of the target, still ends in its smallest key); the target becomes what is left of it
-// inside that bin. The cumulative sums are written back and both the bin and its predecessor's sum
-// read from them, so every thread agrees on both. With of_total, the target is first taken as that
-// fraction of the bins' total.
+// The first non-empty of the nb bins in sm.hist (largest values first) whose cumulative count or
+// mass reaches the target, else the last with any (so that a bin's sum taken again in another
+// order, a rounding short of the target, still ends in its smallest key); the target becomes what
+// is left of it inside that bin. The cumulative sums are written back and both the bin and its
+// predecessor's sum read from them, so every thread agrees on both. With of_total, the target is
+// first taken as that fraction of the bins' total.
 static __device__ int rs_pick(samp_smem &sm, int nb, float &target, bool of_total) {
     const int tid = threadIdx.x;
     const bool mine = 2 * tid < nb;
     const float a = mine ? sm.hist[2 * tid] : 0.f, b = mine ? sm.hist[2 * tid + 1] : 0.f;
     if (tid == 0) sm.pick = INT_MAX, sm.last = -1;
+    __syncthreads();
     float excl, total;
     BSf(sm.cub.s).ExclusiveSum(a + b, excl, total);
     if (of_total) target *= total;
     if (mine) {
+        // only bins with something in them: one thread's c2 and the next one's excl are the same
+        // sum rounded in two orders, so an empty bin after them could otherwise reach the target
         const float c1 = excl + a, c2 = c1 + b;
         sm.hist[2 * tid] = c1, sm.hist[2 * tid + 1] = c2;
-        if (c1 >= target)
+        if (a > 0.f && c1 >= target)
             atomicMin(&sm.pick, 2 * tid);
-        else if (c2 >= target)
+        else if (b > 0.f && c2 >= target)
             atomicMin(&sm.pick, 2 * tid + 1);
         if (a > 0.f || b > 0.f) atomicMax(&sm.last, b > 0.f ? 2 * tid + 1 : 2 * tid);
     }
@@ -233,7 +236,8 @@ static __device__ void sample_full(const struct sample_params &p) {
         __shared__ typename BRu::TempStorage tr;
         unsigned long long best = BRu(tr).Reduce(
             k, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; });
-        if (tid == 0) sm.bu = (uint32_t)lkey_id(best), sm.bf = lkey_logit(best);
+        // every logit -inf or NaN: id 0 (lkey_id(0) would be -1)
+        if (tid == 0) sm.bu = best ? (uint32_t)lkey_id(best) : 0u, sm.bf = lkey_logit(best);
         __syncthreads();
         mi = (int)sm.bu;
         mx = sm.bf;
@@ -249,9 +253,10 @@ static __device__ void sample_full(const struct sample_params &p) {
         uint32_t floor_key = 0;
         if (p.top_k > 0 && p.top_k < n)
             floor_key = radix_select<false>(p.work, n, sc, vmax, span, 0, (float)p.top_k, sm);
-        if (p.top_p < 1.f) {
-            uint32_t t =
-                radix_select<true>(p.work, n, sc, vmax, span, floor_key, fmaxf(p.top_p, 0.f), sm);
+        if (p.top_p <= 0.f) { // nothing kept: the greedy token
+            floor_key = 0xFFFFFFFFu;
+        } else if (p.top_p < 1.f) {
+            uint32_t t = radix_select<true>(p.work, n, sc, vmax, span, floor_key, p.top_p, sm);
             floor_key = t > floor_key ? t : floor_key;
         }
         if (p.min_p > 0.f) {
