@@ -12,9 +12,9 @@ int main(int argc, char **argv) {
     init_device();
     const int V = argc > 1 ? atoi(argv[1]) : 248320;
     if (V < 64) return fprintf(stderr, "bench_sample: vocab must be at least 64\n"), 2;
-    std::vector<float> flat(V), l(V);
+    std::vector<float> flat(V);
     for (int i = 0; i < V; i++) flat[i] = rnd_f(-1.f, 1.f) + rnd_f(-1.f, 1.f) + rnd_f(-1.f, 1.f);
-    l = flat;
+    std::vector<float> l = flat;
     for (int i = 0; i < 300; i++) l[rnd_u32() % V] += rnd_f(4.f, 12.f);
     float *logits, *work;
     int *counts, *step, *pos, *tok;
