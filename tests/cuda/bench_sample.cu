@@ -4,7 +4,7 @@
 // runs 100 times in a captured graph, as in the decode step (programmatic launch where the card has
 // it), over logits shaped like a trained model's (a few hundred plausible ids well above a Gaussian
 // bulk) and over the bulk alone, as a random model's flat logits (where top-p and min-p without
-// top-k keep thousands of ids, and the candidate kernel hands over to the one-block sampler).
+// top-k keep thousands of ids, and the candidate kernel selects over all its blocks).
 // usage: bench_sample [vocab]
 #include "common_check.cuh"
 

@@ -127,8 +127,8 @@ static void t_penalties(void) {
 }
 
 // Draws n samples; checks support and frequencies against the expected distribution.
-static void t_dist(const char *what, int V, float temp, int top_k, float top_p, float min_p,
-                   int n) {
+static void t_dist(const char *what, int V, float temp, int top_k, float top_p, float min_p, int n,
+                   bool one_block = false) {
     struct sbuf b = mk(V);
     std::vector<float> l = rnd_vec(V, -2, 2);
     for (int i = 0; i < 6; i++) l[rnd_u32() % V] += 3.f;
@@ -156,6 +156,7 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     for (double v : pr) z += v;
     struct sample_params p = base(b);
     p.temperature = temp, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p, p.seed = 7;
+    p.one_block = one_block;
     std::vector<int> hits(V, 0);
     std::vector<int> seq;
     bool support = true;
@@ -183,40 +184,45 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     check_true(name, same);
 }
 
-// The one-block sampler's top-p at its value bins' edges: 1,025 logits in descending order, one per
-// 1/128 nat in pairs of bins with an empty pair between (span 16: 128 bins per nat), top-p swept
-// over +-24 f32 steps around every pair's cumulative mass. A drawn id (here its rank) must lie in
-// the host's kept set, or be the next id (f32 rounding). An empty bin chosen where the running
-// sums of two threads differ by a rounding kept every id (thirty-fourth session's review).
-static void t_topp_edges() {
-    std::vector<float> l;
+// Top-p at the value bins' edges: 1,025 logits in descending order, one per 1/128 nat in pairs of
+// bins with an empty pair between (span 16: 128 bins per nat), top-p swept over +-24 f32 steps
+// around every pair's cumulative mass. A drawn id (here its rank) must lie in the host's kept set,
+// or be the next id (f32 rounding). An empty bin chosen where the running sums of two threads
+// differ by a rounding kept every id (the one-block sampler, thirty-fourth session's review).
+// stride: the logits at every stride-th id, -inf between (so the candidate kernel's multi-block
+// selection spreads them over its blocks).
+static void t_topp_edges(bool one_block, int stride) {
+    std::vector<float> r;
     for (int t = 0; t < 1024; t += 2)
-        for (int b = 2 * t; b < 2 * t + 2; b++) l.push_back(b ? -(b + .5f) / 128.f : 0.f);
-    l.push_back(-16.f);
+        for (int b = 2 * t; b < 2 * t + 2; b++) r.push_back(b ? -(b + .5f) / 128.f : 0.f);
+    r.push_back(-16.f);
+    std::vector<float> l(r.size() * stride, -INFINITY);
+    for (size_t i = 0; i < r.size(); i++) l[i * stride] = r[i];
     const int V = (int)l.size();
     struct sbuf b = mk(V);
     CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
+    const int R = (int)r.size();
     double tot = 0, c = 0;
-    for (float v : l) tot += exp((double)v);
+    for (float v : r) tot += exp((double)v);
     struct sample_params p = base(b);
-    p.temperature = 1.f, p.one_block = true;
+    p.temperature = 1.f, p.one_block = one_block;
     int bad = 0, n = 0;
-    for (int i = 0; i + 1 < V; i += 2) {
-        c += exp((double)l[i]) + exp((double)l[i + 1]);
+    for (int i = 0; i + 1 < R; i += 2) {
+        c += exp((double)r[i]) + exp((double)r[i + 1]);
         for (int j = -24; j <= 24; j++) {
             const float q = (float)(c / tot * (1 + j * ldexp(1., -24)));
             if (q >= 1.f) continue;
             int k = 0;
-            for (double acc = 0; k < V && acc < (double)q * tot;) acc += exp((double)l[k++]);
+            for (double acc = 0; k < R && acc < (double)q * tot;) acc += exp((double)r[k++]);
             p.top_p = q;
             const int t = draw(p, b);
             n++;
-            bad += t < 0 || t > k;
+            bad += t < 0 || t % stride || t / stride > k;
         }
     }
     char name[160];
-    snprintf(name, sizeof name, "top-p at value-bin edges (one-block): %d of %d draws kept",
-             n - bad, n);
+    snprintf(name, sizeof name, "top-p at value-bin edges (%s, vocab %d): %d of %d draws kept",
+             one_block ? "one-block" : "multi-block", V, n - bad, n);
     check_true(name, bad == 0);
 }
 
@@ -228,15 +234,16 @@ static uint64_t host_splitmix64(uint64_t x) { // the sampler's counter-based RNG
 }
 
 // The candidate kernel and the one-block kernel on the same logits and steps: the same tokens (a
-// draw without a floor over a large vocabulary: each in the id whose interval of the cumulative
-// mass, in double on the host, holds the step's uniform, within f32 rounding: the two kernels sum
-// in different orders and ids are ~1e-6 of the mass apart), and the same logprobs and top
-// alternatives when asked; want_path: how the candidate kernel must have drawn (its `path`). ties:
-// 100 equal best logits across the first block boundary (it hands over to the one-block sampler);
+// draw without a floor, or by the multi-block selection, over a large vocabulary: each in the id
+// whose interval of the cumulative mass of the kept set, in double on the host, holds the step's
+// uniform, within f32 rounding: the kernels sum in different orders and ids are ~1e-6 of the mass
+// apart), and the same logprobs and top alternatives when asked; want_path: how the candidate
+// kernel must have drawn (its `path`; no_coop: without its multi-block selection). ties: 100
+// equal best logits across the first block boundary (it hands over to the one-block sampler);
 // flat: every logit 0 (padding rows) but the 30 raised by boost and up to 3 more.
 static void t_same(const char *what, int V, float temp, int top_k, float top_p, float min_p,
                    bool pens, int n_logprobs, int ties, bool flat, int n, int want_path = 0,
-                   float boost = 3.f) {
+                   float boost = 3.f, bool no_coop = false) {
     struct sbuf b = mk(V);
     std::vector<float> l = rnd_vec(V, -2, 2);
     if (flat) std::fill(l.begin(), l.end(), 0.f);
@@ -252,13 +259,14 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
     }
     struct sample_params p = base(b);
     p.temperature = temp, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p, p.seed = 11;
-    p.n_logprobs = n_logprobs;
+    p.n_logprobs = n_logprobs, p.no_coop = no_coop;
     if (pens) p.repetition = 1.2f, p.presence = 0.3f, p.frequency = 0.2f;
     p.advance_pos = 0;
     int *path;
     CK(cudaMallocManaged(&path, 4));
     int same = 0, inties = 0, paths = 0, exact = 0;
-    // the exact cumulative mass in id order (for draws without a floor)
+    // the exact cumulative mass of the kept set in id order (draws without a floor: every id; by
+    // the multi-block selection: top-p's whole key groups, then min-p, as HF)
     std::vector<double> cum(V + 1, 0.0);
     {
         const float sc = temp > 0.f ? 1.f / temp : 1.f;
@@ -270,7 +278,23 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
             if (pens && counts[i]) x -= 0.2f * (float)counts[i] + 0.3f;
             v[i] = x * sc, vmax = fmaxf(vmax, v[i]);
         }
-        for (int i = 0; i < V; i++) cum[i + 1] = cum[i] + exp((double)v[i] - vmax);
+        std::vector<bool> kept(V, true);
+        if (want_path == 3 && top_p < 1.f) {
+            std::vector<int> ord(V);
+            for (int i = 0; i < V; i++) ord[i] = i;
+            std::sort(ord.begin(), ord.end(), [&](int a, int c) { return v[a] > v[c]; });
+            double z = 0, acc = 0;
+            for (int i = 0; i < V; i++) z += exp((double)v[i] - vmax);
+            size_t k = 0;
+            while (k < ord.size() && acc < (double)top_p * z)
+                acc += exp((double)v[ord[k++]] - vmax);
+            while (k < ord.size() && v[ord[k]] == v[ord[k - 1]]) k++;
+            std::fill(kept.begin(), kept.end(), false);
+            for (size_t i = 0; i < k; i++) kept[ord[i]] = true;
+        }
+        if (want_path == 3 && min_p > 0.f)
+            for (int i = 0; i < V; i++) kept[i] = kept[i] && v[i] >= vmax + logf(min_p);
+        for (int i = 0; i < V; i++) cum[i + 1] = cum[i] + (kept[i] ? exp((double)v[i] - vmax) : 0);
     }
     double worst_lp = 0;
     bool tops = true;
@@ -297,8 +321,8 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
             both &= cum[r[k].id] - tol <= target && target <= cum[r[k].id + 1] + tol;
         exact += both;
         inties += r[0].id >= 2000 && r[0].id < 2000 + ties;
-        if (n_logprobs >= 0) {
-            worst_lp = fmax(worst_lp, fabs(r[0].logprob - r[1].logprob));
+        if (n_logprobs >= 0) { // (the drawn token's, where both drew the same one)
+            if (r[0].id == r[1].id) worst_lp = fmax(worst_lp, fabs(r[0].logprob - r[1].logprob));
             tops &= r[0].n_top == r[1].n_top;
             for (int j = 0; j < r[0].n_top && j < r[1].n_top; j++)
                 tops &= r[0].top_id[j] == r[1].top_id[j] &&
@@ -306,7 +330,7 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
         }
     }
     char name[200];
-    if (want_path == 2) {
+    if (want_path >= 2) {
         snprintf(name, sizeof name,
                  "%s: both kernels in the exact id (f32 rounding) on %d of %d draws (the same id "
                  "on %d)",
@@ -320,7 +344,8 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
     snprintf(name, sizeof name, "%s: the candidate kernel drew %s on %d of %d", what,
              want_path == 0   ? "from its candidates"
              : want_path == 1 ? "by the one-block sampler"
-                              : "without a floor",
+             : want_path == 2 ? "without a floor"
+                              : "by the multi-block selection",
              paths, n);
     check_true(name, paths == n);
     if (ties) {
@@ -346,10 +371,15 @@ int main(void) {
     t_dist("min-p 0.1", 400, 1.f, 0, 1.f, 0.1f, 20000);
     t_dist("top-k 20 top-p 0.8 min-p 0.05", 248320, 0.7f, 20, 0.8f, 0.05f, 3000);
     t_dist("top-k 40 temp 1", 248320, 1.f, 40, 1.f, 0.f, 3000);
-    // flat logits keep ~10^5 ids: the one-block sampler's mass selection and draw
-    t_dist("top-p 0.5 temp 1, vocab 248320 (one-block)", 248320, 1.f, 0, 0.5f, 0.f, 3000);
-    t_dist("min-p 0.02 temp 0.9, vocab 248320 (one-block)", 248320, 0.9f, 0, 1.f, 0.02f, 3000);
-    t_topp_edges();
+    // flat logits keep ~10^5 ids: the multi-block selection (the candidate kernel's) and the
+    // one-block sampler's mass selection and draw
+    t_dist("top-p 0.5 temp 1, vocab 248320 (multi-block)", 248320, 1.f, 0, 0.5f, 0.f, 3000);
+    t_dist("min-p 0.02 temp 0.9, vocab 248320 (multi-block)", 248320, 0.9f, 0, 1.f, 0.02f, 3000);
+    t_dist("top-p 0.5 temp 1, vocab 248320 (one-block)", 248320, 1.f, 0, 0.5f, 0.f, 3000, true);
+    t_dist("min-p 0.02 temp 0.9, vocab 248320 (one-block)", 248320, 0.9f, 0, 1.f, 0.02f, 3000,
+           true);
+    t_topp_edges(true, 1);
+    t_topp_edges(false, 16);
     t_same("top-k 20 top-p 0.95", 248320, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
     t_same("top-k 64 temp 0.6 min-p 0.02 + penalties", 248320, 0.6f, 64, 1.f, 0.02f, true, -1, 0,
            false, 200);
@@ -362,15 +392,29 @@ int main(void) {
     t_same("top-k 30, vocab 5000 (partial last block)", 5000, 1.f, 30, 0.95f, 0.f, true, 2, 0,
            false, 200);
     t_same("no top-k: top-p 0.9 temp 0.7, peaked", 248320, 0.7f, 0, 0.9f, 0.f, false, -1, 0, false,
-           200, 0, 14.f);
+           200, 3, 14.f);
     t_same("no top-k: min-p 0.2 + penalties + logprobs 4", 248320, 1.f, 0, 1.f, 0.2f, true, 4, 0,
-           false, 200);
+           false, 200, 3);
+    // the candidate kernel's own top-p and min-p (cards that cannot hold its grid at once)
+    t_same("no top-k: top-p 0.9 temp 0.7, peaked (candidates)", 248320, 0.7f, 0, 0.9f, 0.f, false,
+           -1, 0, false, 200, 0, 14.f, true);
+    t_same("no top-k: min-p 0.2 + penalties + logprobs 4 (candidates)", 248320, 1.f, 0, 1.f, 0.2f,
+           true, 4, 0, false, 200, 0, 3.f, true);
+    t_same("no top-k: top-p 0.9 over random logits (candidates -> one-block)", 248320, 0.7f, 0,
+           0.9f, 0.f, false, -1, 0, false, 30, 1, 0.f, true);
     t_same("no top-k: temperature 1 alone", 248320, 1.f, 0, 1.f, 0.f, false, -1, 0, false, 200, 2);
     t_same("no top-k: temperature 0.5 alone + logprobs 3, vocab 5000", 5000, 0.5f, 0, 1.f, 0.f,
            true, 3, 0, false, 200, 2);
     t_same("top-k >= vocab: temperature 1, vocab 1000", 1000, 1.f, 5000, 1.f, 0.f, false, -1, 0,
            false, 200, 2);
-    t_same("no top-k: top-p 0.9 over flat logits (one-block)", 248320, 1.f, 0, 0.9f, 0.f, false, -1,
-           0, true, 30, 1);
+    t_same("no top-k: top-p 0.9 temp 0.7 over random logits (multi-block)", 248320, 0.7f, 0, 0.9f,
+           0.f, false, -1, 0, false, 200, 3, 0.f);
+    t_same("no top-k: top-p 0.95 min-p 0.02 + penalties + logprobs 4 (multi-block)", 248320, 1.f, 0,
+           0.95f, 0.02f, true, 4, 0, false, 200, 3, 0.f);
+    t_same("no top-k: min-p 0.05, vocab 4000 (multi-block, one block)", 4000, 1.f, 0, 1.f, 0.05f,
+           false, -1, 0, false, 200, 3, 0.f);
+    // every logit 0 but 30: the chosen value bin holds ~248K tied ids (beyond the list)
+    t_same("no top-k: top-p 0.9 over tied flat logits (one-block)", 248320, 1.f, 0, 0.9f, 0.f,
+           false, -1, 0, true, 30, 1);
     return finish("check_decode_sample");
 }

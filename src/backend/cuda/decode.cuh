@@ -205,11 +205,13 @@ struct sample_params {
     int n_logprobs; // < 0: none
     uint64_t seed;
     bool one_block; // the one-block kernel where the candidate one would run (comparisons)
+    bool no_coop;   // the candidate kernel without its multi-block selection (checks)
     int *path;      // NULL, or where the candidate kernel records how it drew (checks): 0 from
-                    // its candidates, 1 by the one-block sampler, 2 without a floor
+                    // its candidates, 1 by the one-block sampler, 2 without a floor, 3 by the
+                    // multi-block selection
     int *counts;    // [vocab] generated-token counts (device)
     uint8_t *seen;  // [vocab] prompt + generated (repetition penalty)
-    float *work;    // scratch of sample_work_bytes(vocab)
+    float *work;    // scratch of sample_work_bytes(vocab) (no initial contents needed)
     unsigned long long *argmax; // greedy scratch (reset by the finisher)
     unsigned *counter;          // block ticket (greedy)
     int32_t *tok_out;           // next step's input token

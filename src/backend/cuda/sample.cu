@@ -2,8 +2,9 @@
 // into a host-mapped ring (read by the host a step later), so a captured decode step never waits
 // for the host. Greedy without penalties: a grid-wide argmax (here). Every other call: the
 // candidate kernel (sample_cand.cu), a grid of blocks that each keep their slice's best candidates
-// and the last of them selecting and drawing; where its candidates cannot hold the kept set it
-// runs the one-block sampler (sample_dev.cuh), which applies the penalties (device-side counts),
+// and the last of them selecting and drawing (top-p and min-p without a top-k: all of them, over
+// every id, sample_coop.cuh); where its candidates cannot hold the kept set it runs the
+// one-block sampler (sample_dev.cuh), which applies the penalties (device-side counts),
 // temperature, then top-k, top-p and min-p — each a threshold on the scaled logit found by radix
 // selection over all ids — in one block. Both draw from the kept set in id order with a
 // counter-based RNG (seed, step). The one-block kernel alone: WREN_CUDA_DECODE=onesample.
@@ -44,7 +45,8 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_full_kernel(const __grid_constant__ struct sample_params p) {
-    sample_full(p);
+    __shared__ samp_smem sm;
+    sample_full(p, sm);
 }
 
 int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {

@@ -8,7 +8,9 @@
 // of all; min-p) keeps exactly the candidates above it when no block's next key reaches it and the
 // kept set fits in TS_CHUNK; else (identical logits tied at a block's cut, top-p over more than
 // TS_CHUNK ids) the last block runs the one-block sampler instead. Without any floor the draw picks
-// a block by its mass and then an id in it, both in id order.
+// a block by its mass and then an id in it, both in id order. Top-p and min-p without a top-k,
+// where the card holds the whole grid at once: every block keeps only its maximum, and all blocks
+// then find the kept set together and draw as without a floor (sample_coop.cuh).
 //
 // The selection (ts_top): the kc + 1 largest of a block's keys are at or above the (kc + 1)-th
 // largest of its 128 groups' maxima, so usually a few dozen keys pass that bound and one warp sorts
@@ -18,15 +20,13 @@
 // sequence): five barriers a block. A first version sorted each block's keys, and the candidates,
 // in shared memory (barrier-separated bitonic stages): ~40 us more per token; the tournament alone
 // ~30 us per call (bench/RESULTS.md, twenty-fifth and twenty-sixth sessions).
-#include "backend/cuda/sample_dev.cuh"
+#include "backend/cuda/sample_coop.cuh"
 
 #define TS_PER   4 // keys per lane: a warp sorts TS_CHUNK
 #define TS_CHUNK (TS_PER * 32)
 #define TS_WARPS (SAMPLE_THREADS / 32)
 #define TS_ELEMS (TS_CHUNK * TS_WARPS) // ids per block
 #define TS_KMAX  64                    // the largest candidate count this path takes (< TS_CHUNK)
-
-typedef unsigned long long u64;
 
 static __host__ __device__ __forceinline__ int ts_blocks(int n) {
     return (n + TS_ELEMS - 1) / TS_ELEMS;
@@ -39,16 +39,21 @@ static __host__ __device__ __forceinline__ bool ts_topk(const struct sample_para
 static __host__ __device__ __forceinline__ bool ts_floorless(const struct sample_params &p) {
     return p.temperature > 0.f && !ts_topk(p) && p.top_p >= 1.f && p.min_p <= 0.f;
 }
-// Candidates per block (<= n): the top-k; without one, TS_KMAX for top-p and min-p, the maximum
-// for a floorless draw; the top logprobs when more.
-static __host__ __device__ __forceinline__ int ts_kc(const struct sample_params &p) {
-    int kc = p.temperature > 0.f ? (ts_topk(p) ? p.top_k : ts_floorless(p) ? 1 : TS_KMAX) : 1;
+// Candidates per block (<= n): the top-k; without one, TS_KMAX for top-p and min-p, or just the
+// maximum where the multi-block selection finds their kept set (coop) and for a floorless draw;
+// the top logprobs when more.
+static __host__ __device__ __forceinline__ int ts_kc(const struct sample_params &p, bool coop) {
+    int kc = p.temperature > 0.f ? (ts_topk(p)                ? p.top_k
+                                    : ts_floorless(p) || coop ? 1
+                                                              : TS_KMAX)
+                                 : 1;
     if (p.n_logprobs > kc)
         kc = p.n_logprobs < WREN_MAX_TOP_LOGPROBS ? p.n_logprobs : WREN_MAX_TOP_LOGPROBS;
     return kc < p.n_vocab ? kc : p.n_vocab;
 }
 // Scratch in p.work: [nb][TS_KMAX] candidate keys, [nb] (max, sum of exp) of the logits and of the
-// scaled ones, [nb] next keys.
+// scaled ones, [nb] next keys; the one-block sampler's values over them; then the multi-block
+// selection's (co_glob).
 struct ts_scratch {
     u64 *cand;
     float2 *part, *spart;
@@ -63,17 +68,29 @@ static __host__ __device__ __forceinline__ ts_scratch ts_layout(void *work, int 
     return t;
 }
 
-size_t sample_work_bytes(int vocab) {
+static __host__ __device__ __forceinline__ size_t ts_co_offset(int vocab) {
     const size_t nb = (size_t)ts_blocks(vocab);
     const size_t fast = nb * TS_KMAX * 8 + nb * 16 + nb * 4, full = (size_t)vocab * 4;
-    return fast > full ? fast : full;
+    return ((fast > full ? fast : full) + 255) / 256 * 256;
+}
+static __device__ __forceinline__ co_glob *ts_co(const struct sample_params &p) {
+    return reinterpret_cast<co_glob *>(reinterpret_cast<char *>(p.work) + ts_co_offset(p.n_vocab));
+}
+
+size_t sample_work_bytes(int vocab) {
+    return ts_co_offset(vocab) + co_bytes(ts_blocks(vocab));
+}
+
+// Whether the kept set may need the multi-block selection: top-p or min-p without a top-k.
+static bool ts_coop_call(const struct sample_params &p) {
+    return p.temperature > 0.f && !ts_topk(p) && !ts_floorless(p);
 }
 
 // Whether the candidate kernel takes this call (not plain greedy: the argmax kernel is cheaper):
 // all blocks' candidates within one block's keys.
 static bool ts_eligible(const struct sample_params &p) {
     if (p.n_vocab < 1) return false;
-    const int kc = ts_kc(p);
+    const int kc = ts_kc(p, false);
     return kc >= 1 && kc <= TS_KMAX && (size_t)ts_blocks(p.n_vocab) * kc <= TS_ELEMS;
 }
 
@@ -282,27 +299,66 @@ static __device__ float ts_lse(const float2 *part, int nb) {
     return M + logf(Z);
 }
 
+// Every block of the multi-block selection (sample_coop.cuh): the floor of the kept set over its
+// ids (TS_PER consecutive per thread, as the draw's walk reads them) and its mass above the floor
+// for the last block's choice of a block. The last block returns whether it may draw (false:
+// the one-block sampler instead), with the floor in floor_key.
+static __device__ __noinline__ bool co_select(const struct sample_params &p, co_glob *g,
+                                              co_smem &cs, int nb, bool last, unsigned gen,
+                                              uint32_t &floor_key) {
+    const int tid = threadIdx.x, n = p.n_vocab, base = blockIdx.x * TS_ELEMS + tid * TS_PER;
+    const float sc = 1.f / p.temperature, vmax = __ldcg(&g->vmax), span = __ldcg(&g->span);
+    float v[TS_PER];
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++) v[r] = base + r < n ? pen_logit(p, base + r) * sc : -INFINITY;
+    uint32_t fl;
+    if (!co_floor(p, g, cs, nb, gen, v, vmax, span, fl)) return false;
+    float m = 0.f;
+#pragma unroll
+    for (int r = 0; r < TS_PER; r++)
+        if (fkey(v[r]) >= fl) m += __expf(v[r] - vmax);
+    m = BRf(cs.red).Sum(m);
+    if (tid == 0) g->bmin[nb + blockIdx.x] = m, floor_key = fl;
+    co_gather(p.counter, nb, last);
+    return true;
+}
+
+// COOP: top-p or min-p without a top-k over every block (the multi-block selection), where the
+// card holds the whole grid at once; else the last block runs the one-block sampler where the
+// candidates cannot hold the kept set. (A template, not a flag: with the multi-block selection's
+// call in the kernel, every path spilled.)
+template <bool COOP>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_topk_kernel(const __grid_constant__ struct sample_params p) {
-    __shared__ ts_smem ss;
+    constexpr bool coop = COOP;
+    __shared__ union { // the phases' memory: candidates, then one of the two selections
+        ts_smem ts;
+        samp_smem full;
+        co_smem co;
+    } su;
+    ts_smem &ss = su.ts;
     u64 *const sm = ss.x;
     __shared__ typename BRf::TempStorage tr;
     __shared__ typename BSf::TempStorage ts;
     __shared__ float bval, s_target, s_vmax, s_ltok;
     __shared__ bool last;
-    __shared__ int mode, s_blk, s_tok, ntop;
+    __shared__ unsigned s_gen;
+    __shared__ uint32_t s_floor;
+    __shared__ int mode, s_blk, s_tok, s_lastid, ntop;
     __shared__ int top_id[WREN_MAX_TOP_LOGPROBS];
     __shared__ float top_lp[WREN_MAX_TOP_LOGPROBS];
     TRACE_BEGIN();
     pdl_wait(); // launched early (programmatic launch): the logits come from the lm_head
     TRACE_WAIT();
-    const int n = p.n_vocab, nb = gridDim.x, kc = ts_kc(p), tid = threadIdx.x;
+    const int n = p.n_vocab, nb = gridDim.x, kc = ts_kc(p, coop), tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const bool sampling = p.temperature > 0.f, topk = ts_topk(p);
-    // no top-k: the mass over every id, for top-p or for a draw without a floor
-    const bool spart = sampling && !topk;
+    // no top-k: the mass over every id, for top-p (but not over every block) or for a draw without
+    // a floor
+    const bool spart = sampling && !topk && !coop;
     const float sc = sampling ? 1.f / p.temperature : 1.f;
     const ts_scratch t = ts_layout(p.work, nb);
+    co_glob *const cg = ts_co(p);
     const int b0 = blockIdx.x * TS_ELEMS;
     u64 k[TS_PER];
     float mx = -INFINITY;
@@ -333,6 +389,16 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (p.n_logprobs >= 0) part(1.f, t.part);
         if (spart) part(sc, t.spart);
     }
+    if (coop) { // the multi-block selection's span; its sums emptied
+        float mn = INFINITY;
+#pragma unroll
+        for (int r = 0; r < TS_PER; r++)
+            if (k[r] && lkey_logit(k[r]) > -INFINITY) mn = fminf(mn, lkey_logit(k[r]));
+        mn = BRf(tr).Reduce(mn, [](float a, float b) { return fminf(a, b); });
+        if (tid == 0) cg->bmin[blockIdx.x] = mn;
+        if (blockIdx.x == 0) co_clear(cg);
+        __syncthreads(); // tr is used again
+    }
     // phase 0: this block's keys -> its candidates; phase 1 (the last block): the candidates of
     // all -> the first E exact. One call site, so the last block runs code its SM has just run.
     // Exact: phase 0 the first kc + 1; phase 1 all a top-k, greedy or floorless call reads (its
@@ -344,9 +410,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     int E = 0;
 #pragma unroll 1
     for (int phase = 0;; phase++) {
-        const int need = phase == 0                                           ? kc + 1
-                         : (topk || !sampling || ts_floorless(p)) && kc <= 32 ? kc + 1
-                                                                              : TS_CHUNK;
+        const int need = phase == 0                                                   ? kc + 1
+                         : (topk || !sampling || ts_floorless(p) || coop) && kc <= 32 ? kc + 1
+                                                                                      : TS_CHUNK;
         const int live = phase == 0 ? min(TS_WARPS, (n - b0 + TS_CHUNK - 1) / TS_CHUNK)
                                     : (m + TS_CHUNK - 1) / TS_CHUNK;
         E = min(ts_top(k, ss, need, live), m);
@@ -361,15 +427,24 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
         __threadfence();
         __syncthreads();
-        if (tid == 0) last = atomicAdd(p.counter, 1u) == (unsigned)nb - 1;
+        if (tid == 0) {
+            if (coop) s_gen = *(volatile unsigned *)&cg->gen; // before the ticket (co_join)
+            __threadfence();
+            last = atomicAdd(p.counter, 1u) == (unsigned)nb - 1;
+        }
         __syncthreads();
-        if (!last) return;
+        if (!last) break;
         __threadfence();
 #pragma unroll
         for (int r = 0; r < TS_PER; r++) {
             const int j = warp * TS_CHUNK + r * 32 + lane;
             k[r] = j < m ? __ldcg(t.cand + (size_t)(j / kc) * TS_KMAX + j % kc) : 0ull;
         }
+    }
+    if (!last) { // done, or wait to select with the last block
+        if (coop && co_join(cg, s_gen, su.co))
+            co_select(p, cg, su.co, nb, false, s_gen + 1, s_floor);
+        return;
     }
     TRACE_MARK(1);
     const uint64_t rnd = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
@@ -409,6 +484,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             if (blk < 0) blk = nb - 1; // short by rounding
             if (lane == 0) s_blk = blk, s_target = target - acc, s_vmax = vmax;
             md = 2;
+        } else if (coop) { // top-p or min-p without a top-k: over every block
+            md = 1;
         } else if (sampling) {
             uint32_t floor_key = 0;
             bool ok = true;
@@ -470,26 +547,56 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             }
             md = ok ? 0 : 1;
         }
-        if (lane == 0) mode = md, s_tok = tok, s_ltok = ltok, bval = lse, ntop = nt;
+        if (lane == 0) mode = md, s_tok = tok, s_ltok = ltok, bval = lse, ntop = nt, s_floor = 0;
         if (lane == 0 && p.path) *p.path = md;
+        if (coop) co_release(cg, nb, lkey_logit(sm[0]), sc, md == 1, s_gen + 1);
     }
     __syncthreads();
     TRACE_MARK(2);
+    if (mode == 1 && coop && co_select(p, cg, su.co, nb, true, s_gen + 1, s_floor)) {
+        if (warp == 0) { // the block where u of the kept mass falls, in id order
+            const float *bm = cg->bmin + nb;
+            auto bmass = [&](int b) { return __ldcg(bm + b); };
+            float tot, acc;
+            ts_scan(nb, INFINITY, bmass, &tot);
+            int blk = ts_scan(nb, u * tot, bmass, &acc);
+            float target = u * tot - acc;
+            if (blk < 0) { // short by rounding: the last block with any (its last id with any)
+                for (int b = lane; b < nb; b += 32)
+                    if (bmass(b) > 0.f) blk = b;
+                for (int o = 16; o; o >>= 1) blk = max(blk, __shfl_xor_sync(0xffffffffu, blk, o));
+                target = INFINITY;
+            }
+            // no mass at all (top-p <= 0 keeps nothing): the greedy token, as the one-block sampler
+            if (lane == 0) {
+                mode = blk >= 0 ? 2 : 0, s_blk = blk, s_target = target, s_vmax = __ldcg(&cg->vmax);
+                if (p.path) *p.path = 3;
+            }
+        }
+        __syncthreads();
+    }
     if (mode == 1) {
-        sample_full(p);
+        sample_full(p, su.full);
         return;
     }
-    if (mode == 2) { // a draw without a floor, inside block s_blk: 4 consecutive ids per thread
+    if (mode == 2) { // a draw inside block s_blk (above s_floor): 4 consecutive ids per thread
         const int base = s_blk * TS_ELEMS + tid * TS_PER;
         float mass[TS_PER], local = 0.f;
+        int mylast = -1;
 #pragma unroll
         for (int r = 0; r < TS_PER; r++) {
-            mass[r] = base + r < n ? __expf(pen_logit(p, base + r) * sc - s_vmax) : 0.f;
+            const float v = base + r < n ? pen_logit(p, base + r) * sc : -INFINITY;
+            mass[r] = fkey(v) >= s_floor ? __expf(v - s_vmax) : 0.f;
             local += mass[r];
+            if (mass[r] > 0.f) mylast = base + r;
         }
+        if (tid == 0) s_lastid = -1;
+        __syncthreads();
+        if (mylast >= 0) atomicMax(&s_lastid, mylast);
         float excl;
         BSf(ts).ExclusiveSum(local, excl);
-        if (tid == 0) s_tok = min(n, (s_blk + 1) * TS_ELEMS) - 1; // if rounding leaves it short
+        __syncthreads();
+        if (tid == 0) s_tok = s_lastid; // if rounding leaves the target past the block's mass
         __syncthreads();
         const float target = s_target;
         if (target >= excl && target < excl + local) {
@@ -514,7 +621,17 @@ bool sample_cand_ok(const struct sample_params *p) {
 }
 
 int sample_cand_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {
-    CUDA_CHECK(pdl_launch(sample_topk_kernel, dim3(ts_blocks(p->n_vocab)), dim3(SAMPLE_THREADS), 0,
-                          s, decode_pdl(), *p));
+    const int nb = ts_blocks(p->n_vocab);
+    bool coop = false;
+    if (ts_coop_call(*p) && !p->no_coop) { // every block resident at once (waiting ones hold SMs)
+        int dev, sms, per;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sample_topk_kernel<true>,
+                                                                 SAMPLE_THREADS, 0));
+        coop = (long)per * sms >= nb;
+    }
+    CUDA_CHECK(pdl_launch(coop ? sample_topk_kernel<true> : sample_topk_kernel<false>, dim3(nb),
+                          dim3(SAMPLE_THREADS), 0, s, decode_pdl(), *p));
     return 0;
 }

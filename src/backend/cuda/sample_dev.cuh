@@ -94,7 +94,110 @@ static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
 #define RS_BINS    2048
 #define RS_PER_NAT 64.f
 #define RS_LIST    1024 // the chosen bin's keys kept in shared memory (248K ids: ~120 per bin)
-static_assert(2 * SAMPLE_THREADS >= RS_BINS, "radix_select: two bins per thread");
+static_assert(2 * SAMPLE_THREADS >= RS_BINS, "rs_pick: two bins per thread");
+
+typedef unsigned long long u64;
+typedef cub::BlockScan<u64, SAMPLE_THREADS> BSu;
+
+// The value bin of v: monotone in v (a higher bin's keys all exceed a lower one's), the same in
+// the one-block and the multi-block selections.
+struct rs_vbins {
+    float vmax, per;
+    __device__ rs_vbins(float vmax_, float span)
+        : vmax(vmax_),
+          per(span > 0.f && span < RS_BINS / RS_PER_NAT ? RS_BINS / span : RS_PER_NAT) {}
+    __device__ int operator()(float v) const {
+        return (int)fmaxf(fminf((vmax - v) * per, RS_BINS - 1.f), 0.f);
+    }
+};
+
+struct rs_pickbuf {
+    int pick, last;
+};
+
+// The first non-empty of the nb bins in hist (largest values first) whose cumulative count or
+// mass reaches the target (with strict: exceeds it), else the last with any (so that a bin's sum
+// taken again in another order, a rounding short of the target, still ends in its smallest key);
+// the target, first taken as tgt(the bins' total), becomes what is left of it inside that bin.
+// The cumulative sums are written back and both the bin and its predecessor's sum read from them,
+// so every thread agrees on both. *reached: whether a bin reached it. T: float, or u64 (fixed-
+// point masses, exact in any order).
+template <class T, class Tgt>
+static __device__ int rs_pick(T *hist, int nb, T &target, Tgt tgt, bool strict,
+                              typename cub::BlockScan<T, SAMPLE_THREADS>::TempStorage &scan,
+                              rs_pickbuf &pb, bool *reached = nullptr) {
+    const int tid = threadIdx.x;
+    if (tid == 0) pb.pick = INT_MAX, pb.last = -1;
+    __syncthreads(); // hist complete, the previous pick read
+    const bool has0 = 2 * tid < nb, has1 = 2 * tid + 1 < nb;
+    const T a = has0 ? hist[2 * tid] : T(0), b = has1 ? hist[2 * tid + 1] : T(0);
+    T excl, total;
+    cub::BlockScan<T, SAMPLE_THREADS>(scan).ExclusiveSum(a + b, excl, total);
+    target = tgt(total);
+    // only bins with something in them: one thread's c2 and the next one's excl are the same sum
+    // rounded in two orders (f32), so an empty bin after them could otherwise reach the target
+    const T c1 = excl + a, c2 = c1 + b;
+    if (has0) hist[2 * tid] = c1;
+    if (has1) hist[2 * tid + 1] = c2;
+    if (a > T(0) && (strict ? c1 > target : c1 >= target))
+        atomicMin(&pb.pick, 2 * tid);
+    else if (b > T(0) && (strict ? c2 > target : c2 >= target))
+        atomicMin(&pb.pick, 2 * tid + 1);
+    if (a > T(0) || b > T(0)) atomicMax(&pb.last, b > T(0) ? 2 * tid + 1 : 2 * tid);
+    __syncthreads();
+    const int r = pb.pick != INT_MAX ? pb.pick : pb.last >= 0 ? pb.last : nb - 1;
+    if (reached) *reached = pb.pick != INT_MAX;
+    target -= r ? hist[r - 1] : T(0);
+    __syncthreads();
+    return r;
+}
+
+// Key digit d of the passes after the value bin: 11, 11 and 10 bits from the top.
+static __device__ __forceinline__ int rs_shift(int d) {
+    return d == 0 ? 21 : d == 1 ? 10 : 0;
+}
+static __device__ __forceinline__ uint32_t rs_dmask(int d) {
+    return d == 2 ? 1023u : 2047u;
+}
+
+// hist[bin] += m for the lanes of a warp that add (all lanes call it), the lanes of one bin summed
+// first: one atomic per bin and warp. A value bin's keys share their top digits, so their adds
+// would queue on a few addresses (and u64 ones on shared memory are compare-and-swap loops: the
+// multi-block selection's first digit pass took ~14 us).
+template <class T> static __device__ void warp_hist_add(T *hist, int bin, T m, bool add) {
+    const unsigned adds = __ballot_sync(0xffffffffu, add);
+    const unsigned grp = __match_any_sync(0xffffffffu, add ? bin : -1);
+    T sum = T(0);
+    for (int l = 0; l < 32; l++) {
+        const T x = __shfl_sync(0xffffffffu, m, l);
+        if ((grp & adds) >> l & 1) sum += x;
+    }
+    if (add && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&hist[bin], sum);
+}
+
+// The digit passes from `from` on over the nl keys lk (with counts or masses lm) that one value
+// bin holds: (prefix, mask) narrowed to the key where the running sum reaches the target.
+template <class T>
+static __device__ void rs_list_passes(int from, const uint32_t *lk, const T *lm, int nl, T *hist,
+                                      T &target, uint32_t &prefix, uint32_t &mask,
+                                      typename cub::BlockScan<T, SAMPLE_THREADS>::TempStorage &scan,
+                                      rs_pickbuf &pb) {
+    for (int d = from; d < 3; d++) {
+        const int shift = rs_shift(d), nb = (int)rs_dmask(d) + 1;
+        for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = T(0);
+        __syncthreads();
+        for (int j0 = 0; j0 < nl; j0 += blockDim.x) { // a uniform loop: warp_hist_add
+            const int j = j0 + threadIdx.x;
+            const uint32_t k = j < nl ? lk[j] : 0u;
+            warp_hist_add(hist, nb - 1 - (int)((k >> shift) & rs_dmask(d)), j < nl ? lm[j] : T(0),
+                          j < nl && (k & mask) == prefix);
+        }
+        const int r = rs_pick(
+            hist, nb, target, [&](T) { return target; }, false, scan, pb);
+        prefix |= (uint32_t)(nb - 1 - r) << shift;
+        mask |= rs_dmask(d) << shift;
+    }
+}
 
 struct samp_smem {
     union {
@@ -104,8 +207,7 @@ struct samp_smem {
     float hist[RS_BINS]; // count or mass per bin, largest values first (counts are exact in f32)
     float bf, lo;
     uint32_t bu;
-    int pick;                 // rs_pick's and the draw's chosen bin / tile
-    int last;                 // the last with any count or mass
+    rs_pickbuf pb;            // rs_pick's choice
     int nlist;                // keys of radix_select's chosen value bin (beyond RS_LIST: not kept)
     uint32_t list_k[RS_LIST]; // and their counts or masses
     float list_m[RS_LIST];
@@ -114,39 +216,6 @@ struct samp_smem {
     int cand_id[64];
     float cand_v[64];
 };
-
-// The first non-empty of the nb bins in sm.hist (largest values first) whose cumulative count or
-// mass reaches the target, else the last with any (so that a bin's sum taken again in another
-// order, a rounding short of the target, still ends in its smallest key); the target becomes what
-// is left of it inside that bin. The cumulative sums are written back and both the bin and its
-// predecessor's sum read from them, so every thread agrees on both. With of_total, the target is
-// first taken as that fraction of the bins' total.
-static __device__ int rs_pick(samp_smem &sm, int nb, float &target, bool of_total) {
-    const int tid = threadIdx.x;
-    const bool mine = 2 * tid < nb;
-    const float a = mine ? sm.hist[2 * tid] : 0.f, b = mine ? sm.hist[2 * tid + 1] : 0.f;
-    if (tid == 0) sm.pick = INT_MAX, sm.last = -1;
-    __syncthreads();
-    float excl, total;
-    BSf(sm.cub.s).ExclusiveSum(a + b, excl, total);
-    if (of_total) target *= total;
-    if (mine) {
-        // only bins with something in them: one thread's c2 and the next one's excl are the same
-        // sum rounded in two orders, so an empty bin after them could otherwise reach the target
-        const float c1 = excl + a, c2 = c1 + b;
-        sm.hist[2 * tid] = c1, sm.hist[2 * tid + 1] = c2;
-        if (a > 0.f && c1 >= target)
-            atomicMin(&sm.pick, 2 * tid);
-        else if (b > 0.f && c2 >= target)
-            atomicMin(&sm.pick, 2 * tid + 1);
-        if (a > 0.f || b > 0.f) atomicMax(&sm.last, b > 0.f ? 2 * tid + 1 : 2 * tid);
-    }
-    __syncthreads();
-    const int r = sm.pick != INT_MAX ? sm.pick : sm.last >= 0 ? sm.last : nb - 1;
-    target -= r ? sm.hist[r - 1] : 0.f;
-    __syncthreads();
-    return r;
-}
 
 // Radix selection over the values v(i) = scale * work[i] of ids with key >= floor_key: returns the
 // key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau), where the
@@ -158,19 +227,20 @@ static __device__ int rs_pick(samp_smem &sm, int nb, float &target, bool of_tota
 template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
                                         float span, uint32_t floor_key, float want, samp_smem &sm) {
-    // the value bin: monotone in v, so a higher bin's keys all exceed a lower one's
-    const float per = span > 0.f && span < RS_BINS / RS_PER_NAT ? RS_BINS / span : RS_PER_NAT;
-    auto vbin = [&](float v) { return (int)fmaxf(fminf((vmax - v) * per, RS_BINS - 1.f), 0.f); };
+    const rs_vbins vbin(vmax, span);
     float target = want;
     int vb = 0;
     uint32_t prefix = 0, mask = 0;
     for (int pass = 0; pass < 4; pass++) {
-        const int shift = pass == 1 ? 21 : pass == 2 ? 10 : 0;
-        const uint32_t dmask = pass == 3 ? 1023u : 2047u;
+        if (pass == 2 && sm.nlist <= RS_LIST) {
+            rs_list_passes(1, sm.list_k, sm.list_m, sm.nlist, sm.hist, target, prefix, mask,
+                           sm.cub.s, sm.pb);
+            break;
+        }
+        const int shift = pass ? rs_shift(pass - 1) : 0;
+        const uint32_t dmask = pass ? rs_dmask(pass - 1) : 0u;
         const int nb = pass == 0 ? RS_BINS : (int)dmask + 1;
-        const bool listed = pass >= 2 && sm.nlist <= RS_LIST;
         for (int b = threadIdx.x; b < RS_BINS; b += blockDim.x) sm.hist[b] = 0.f;
-        __syncthreads(); // also: every thread has read sm.nlist
         if (pass == 1 && threadIdx.x == 0) sm.nlist = 0;
         __syncthreads();
         int run = -1;
@@ -182,30 +252,25 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
             }
             acc += m;
         };
-        if (listed) {
-            for (int j = threadIdx.x; j < sm.nlist; j += blockDim.x) {
-                const uint32_t k = sm.list_k[j];
-                if ((k & mask) == prefix) add(nb - 1 - (int)((k >> shift) & dmask), sm.list_m[j]);
+        for_my_ids(work, n, [&](int, float w) {
+            const float v = w * scale;
+            const uint32_t k = fkey(v);
+            if (k < floor_key) return;
+            const int bin = vbin(v);
+            if (pass > 0 && (bin != vb || (k & mask) != prefix)) return;
+            const float m = MASS ? __expf(v - vmax) : 1.f;
+            if (pass == 0) return add(bin, m);
+            if (pass == 1) {
+                const int slot = atomicAdd(&sm.nlist, 1);
+                if (slot < RS_LIST) sm.list_k[slot] = k, sm.list_m[slot] = m;
             }
-        } else {
-            for_my_ids(work, n, [&](int, float w) {
-                const float v = w * scale;
-                const uint32_t k = fkey(v);
-                if (k < floor_key) return;
-                const int bin = vbin(v);
-                if (pass > 0 && (bin != vb || (k & mask) != prefix)) return;
-                const float m = MASS ? __expf(v - vmax) : 1.f;
-                if (pass == 0) return add(bin, m);
-                if (pass == 1) {
-                    const int slot = atomicAdd(&sm.nlist, 1);
-                    if (slot < RS_LIST) sm.list_k[slot] = k, sm.list_m[slot] = m;
-                }
-                add(nb - 1 - (int)((k >> shift) & dmask), m);
-            });
-        }
+            add(nb - 1 - (int)((k >> shift) & dmask), m);
+        });
         if (run >= 0) atomicAdd(&sm.hist[run], acc);
-        __syncthreads();
-        const int r = rs_pick(sm, nb, target, MASS && pass == 0);
+        const bool of_total = MASS && pass == 0;
+        const int r = rs_pick(
+            sm.hist, nb, target, [&](float tot) { return of_total ? target * tot : target; }, false,
+            sm.cub.s, sm.pb);
         if (pass == 0) {
             vb = r;
         } else {
@@ -216,9 +281,9 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
     return prefix;
 }
 
-// The whole sampler in one block of SAMPLE_THREADS threads.
-static __device__ void sample_full(const struct sample_params &p) {
-    __shared__ samp_smem sm;
+// The whole sampler in one block of SAMPLE_THREADS threads (sm: the caller's, which the candidate
+// kernel shares with its other phases).
+static __device__ void sample_full(const struct sample_params &p, samp_smem &sm) {
     const int n = p.n_vocab, tid = threadIdx.x;
     // penalties (HF repetition over prompt + generated; OpenAI presence/frequency over generated)
     float mx = -INFINITY, mn = INFINITY;
@@ -292,29 +357,20 @@ static __device__ void sample_full(const struct sample_params &p) {
             for (int o = 16; o; o >>= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
             if (lane == 0) sm.hist[t] = m;
         }
-        if (tid == 0) sm.pick = INT_MAX, sm.last = -1, sm.chosen = -1;
-        __syncthreads();
-        const bool mine = 2 * tid < ntiles, mine2 = 2 * tid + 1 < ntiles;
-        const float m0 = mine ? sm.hist[2 * tid] : 0.f, m1 = mine2 ? sm.hist[2 * tid + 1] : 0.f;
-        float excl, total;
-        BSf(sm.cub.s).ExclusiveSum(m0 + m1, excl, total);
         const uint64_t r = splitmix64(p.seed ^ splitmix64((uint64_t)(*p.step) + 1));
-        const float target = (float)(r >> 40) * (1.f / 16777216.f) * total;
-        // the first tile whose cumulative mass exceeds the target, else the last with any mass
-        const float c1 = excl + m0, c2 = c1 + m1;
-        if (mine) sm.hist[2 * tid] = c1;
-        if (mine2) sm.hist[2 * tid + 1] = c2;
-        if (m0 > 0.f && c1 > target)
-            atomicMin(&sm.pick, 2 * tid);
-        else if (m1 > 0.f && c2 > target)
-            atomicMin(&sm.pick, 2 * tid + 1);
-        if (m1 > 0.f || m0 > 0.f) atomicMax(&sm.last, m1 > 0.f ? 2 * tid + 1 : 2 * tid);
+        const float u = (float)(r >> 40) * (1.f / 16777216.f);
+        // the first tile whose cumulative mass exceeds u x the total, else the last with any
+        float tg;
+        bool reached;
+        const int t = rs_pick(
+            sm.hist, ntiles, tg, [&](float total) { return u * total; }, true, sm.cub.s, sm.pb,
+            &reached);
+        if (tid == 0) sm.chosen = -1;
         __syncthreads();
-        const int t = sm.pick != INT_MAX ? sm.pick : sm.last; // -1: no id has any mass
-        if (warp == 0 && t >= 0) {
+        if (warp == 0 && sm.pb.last >= 0) { // else no id has any mass
             // past the end of the tile's mass (rounding): its last id with any (ids whose mass
             // underflows to 0 are never drawn)
-            const float tg = sm.pick != INT_MAX ? target - (t ? sm.hist[t - 1] : 0.f) : INFINITY;
+            if (!reached) tg = INFINITY;
             float acc = 0.f;
             int pick = -1, last = -1;
             for (int i0 = t * tile; i0 < min(n, (t + 1) * tile) && pick < 0; i0 += 256) {
