@@ -130,7 +130,7 @@ timeout 400 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 \
 echo "== sampled decode (the models' own sampler: temperature 1, top-k 20, top-p 0.95)"
 timeout 300 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 --decode 4096,32768,131072 \
   --temp 1 --top-k 20 --top-p 0.95 2>&1 | grep -E "^(sampler|decode|4096|32768|131072) "
-echo "== sampled decode without top-k (temperature 0.7, top-p 0.9: the random model's flat logits keep ~10^5 ids, drawn by the one-block sampler)"
+echo "== sampled decode without top-k (temperature 0.7, top-p 0.9: the random model's flat logits keep ~10^5 ids, selected over every block)"
 timeout 120 ./wren bench -m /dev/shm/m --backend cuda --repeat 2 --gen 64 --decode 4096 \
   --temp 0.7 --top-p 0.9 2>&1 | grep -E "^(sampler|decode|4096) "
 echo "== sampler kernels (us per call)"
