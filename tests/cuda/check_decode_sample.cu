@@ -157,11 +157,17 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     struct sample_params p = base(b);
     p.temperature = temp, p.top_k = top_k, p.top_p = top_p, p.min_p = min_p, p.seed = 7;
     p.one_block = one_block;
+    const bool coop = sample_coop_ok(&p); // then every draw by the multi-block selection
+    int *path, coops = 0;
+    CK(cudaMallocManaged(&path, 4));
+    p.path = coop ? path : NULL;
     std::vector<int> hits(V, 0);
     std::vector<int> seq;
     bool support = true;
     for (int i = 0; i < n; i++) {
+        *path = -1;
         int t = draw(p, b);
+        coops += *path == 3;
         if (t < 0 || t >= V || pr[t] == 0)
             support = false;
         else
@@ -173,6 +179,11 @@ static void t_dist(const char *what, int V, float temp, int top_k, float top_p, 
     char name[160];
     snprintf(name, sizeof name, "%s: support of %d draws", what, n);
     check_true(name, support);
+    if (coop) {
+        snprintf(name, sizeof name, "%s: %d of %d draws by the multi-block selection", what, coops,
+                 n);
+        check_true(name, coops == n);
+    }
     snprintf(name, sizeof name, "%s: max |freq - p| = %.4f (< %.3f)", what, worst,
              4.0 / sqrt((double)n));
     check_true(name, worst < 4.0 / sqrt((double)n));
@@ -205,7 +216,11 @@ static void t_topp_edges(bool one_block, int stride) {
     double tot = 0, c = 0;
     for (float v : r) tot += exp((double)v);
     struct sample_params p = base(b);
-    p.temperature = 1.f, p.one_block = one_block;
+    p.temperature = 1.f, p.one_block = one_block, p.top_p = 0.5f;
+    const bool coop = sample_coop_ok(&p); // then every draw by the multi-block selection
+    int *path, coops = 0;
+    CK(cudaMallocManaged(&path, 4));
+    p.path = path;
     int bad = 0, n = 0;
     for (int i = 0; i + 1 < R; i += 2) {
         c += exp((double)r[i]) + exp((double)r[i + 1]);
@@ -215,7 +230,9 @@ static void t_topp_edges(bool one_block, int stride) {
             int k = 0;
             for (double acc = 0; k < R && acc < (double)q * tot;) acc += exp((double)r[k++]);
             p.top_p = q;
+            *path = -1;
             const int t = draw(p, b);
+            coops += *path == 3;
             n++;
             bad += t < 0 || t % stride || t / stride > k;
         }
@@ -224,6 +241,37 @@ static void t_topp_edges(bool one_block, int stride) {
     snprintf(name, sizeof name, "top-p at value-bin edges (%s, vocab %d): %d of %d draws kept",
              one_block ? "one-block" : "multi-block", V, n - bad, n);
     check_true(name, bad == 0);
+    if (coop) {
+        snprintf(name, sizeof name,
+                 "top-p at value-bin edges: %d of %d draws by the multi-block "
+                 "selection",
+                 coops, n);
+        check_true(name, coops == n);
+    }
+}
+
+// top-p 0 without a top-k: every path gives the largest logit's token (the one-block and the
+// multi-block selections keep nothing and fall back to it; the candidates keep its key group).
+static void t_topp_zero() {
+    const int V = 248320;
+    struct sbuf b = mk(V);
+    std::vector<float> l = rnd_vec(V, -2, 2);
+    l[777] = 3.5f, l[99999] = 3.4f;
+    CK(cudaMemcpy(b.logits, l.data(), V * 4, cudaMemcpyHostToDevice));
+    struct sample_params p = base(b);
+    p.temperature = 0.8f, p.top_p = 0.f;
+    const bool coop = sample_coop_ok(&p);
+    int ok = 0;
+    for (int k = 0; k < 3; k++) {
+        p.one_block = k == 1, p.no_coop = k == 2;
+        for (int i = 0; i < 20; i++) ok += draw(p, b) == 777;
+    }
+    char name[160];
+    snprintf(name, sizeof name,
+             "top-p 0: the greedy token on %d of 60 draws (multi-block%s, "
+             "one-block, candidates)",
+             ok, coop ? "" : " n/a");
+    check_true(name, ok == 60);
 }
 
 static uint64_t host_splitmix64(uint64_t x) { // the sampler's counter-based RNG, as specified
@@ -265,6 +313,8 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
     int *path;
     CK(cudaMallocManaged(&path, 4));
     int same = 0, inties = 0, paths = 0, exact = 0;
+    // a card that cannot hold the candidate kernel's grid draws these by another path
+    const int expect = want_path == 3 && !sample_coop_ok(&p) ? -1 : want_path;
     // the exact cumulative mass of the kept set in id order (draws without a floor: every id; by
     // the multi-block selection: top-p's whole key groups, then min-p, as HF)
     std::vector<double> cum(V + 1, 0.0);
@@ -311,7 +361,7 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
             p.path = k == 0 ? path : NULL;
             draw(p, b);
             r[k] = b.ring[i % 8];
-            if (k == 0) paths += *path == want_path;
+            if (k == 0) paths += expect < 0 || *path == expect;
         }
         same += r[0].id == r[1].id;
         const uint64_t rr = host_splitmix64(11 ^ host_splitmix64((uint64_t)i + 1));
@@ -342,7 +392,8 @@ static void t_same(const char *what, int V, float temp, int top_k, float top_p, 
         check_true(name, same == n);
     }
     snprintf(name, sizeof name, "%s: the candidate kernel drew %s on %d of %d", what,
-             want_path == 0   ? "from its candidates"
+             expect < 0       ? "by any path (the card cannot hold its grid)"
+             : want_path == 0 ? "from its candidates"
              : want_path == 1 ? "by the one-block sampler"
              : want_path == 2 ? "without a floor"
                               : "by the multi-block selection",
@@ -380,6 +431,7 @@ int main(void) {
            true);
     t_topp_edges(true, 1);
     t_topp_edges(false, 16);
+    t_topp_zero();
     t_same("top-k 20 top-p 0.95", 248320, 1.f, 20, 0.95f, 0.f, false, -1, 0, false, 200);
     t_same("top-k 64 temp 0.6 min-p 0.02 + penalties", 248320, 0.6f, 64, 1.f, 0.02f, true, -1, 0,
            false, 200);

@@ -222,6 +222,9 @@ struct sample_params {
     int ring_n;
 };
 int sample_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e);
+// Whether sample_launch draws this call by the candidate kernel's multi-block selection (top-p or
+// min-p without a top-k, on a card that holds the kernel's whole grid at once).
+bool sample_coop_ok(const struct sample_params *p);
 size_t sample_work_bytes(int vocab);
 
 // ---- The decode step -------------------------------------------------------------------------

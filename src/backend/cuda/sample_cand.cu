@@ -331,7 +331,7 @@ template <bool COOP>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_topk_kernel(const __grid_constant__ struct sample_params p) {
     constexpr bool coop = COOP;
-    __shared__ union { // the phases' memory: candidates, then one of the two selections
+    __shared__ union { // the phases' memory: candidates, then one of the two selections, the walk
         ts_smem ts;
         samp_smem full;
         co_smem co;
@@ -590,26 +590,33 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
             local += mass[r];
             if (mass[r] > 0.f) mylast = base + r;
         }
-        if (tid == 0) s_lastid = -1;
+        if (tid == 0) s_lastid = -1, s_tok = -1;
         __syncthreads();
         if (mylast >= 0) atomicMax(&s_lastid, mylast);
         float excl;
         BSf(ts).ExclusiveSum(local, excl);
-        __syncthreads();
-        if (tid == 0) s_tok = s_lastid; // if rounding leaves the target past the block's mass
+        // the thread whose [excl, next thread's excl) holds the target, so that exactly one
+        // writes (its own excl + local may round past the next one's); the buffer is free now
+        float *ex = reinterpret_cast<float *>(su.co.hist);
+        ex[tid] = excl;
         __syncthreads();
         const float target = s_target;
-        if (target >= excl && target < excl + local) {
+        if (target >= excl && (tid + 1 == (int)blockDim.x || target < ex[tid + 1])) {
             float acc = excl;
+            int pick = mylast; // if the rounding leaves the target past its ids' mass
 #pragma unroll
             for (int r = 0; r < TS_PER; r++) {
                 acc += mass[r];
-                if (acc > target && base + r < n) {
-                    s_tok = base + r;
+                if (acc > target && mass[r] > 0.f) {
+                    pick = base + r;
                     break;
                 }
             }
+            s_tok = pick;
         }
+        __syncthreads();
+        if (tid == 0 && s_tok < 0)
+            s_tok = s_lastid; // or past the block's (or this thread has none)
         __syncthreads();
         if (tid == 0) s_ltok = pen_logit(p, s_tok);
     }
@@ -620,18 +627,24 @@ bool sample_cand_ok(const struct sample_params *p) {
     return ts_eligible(*p);
 }
 
-int sample_cand_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {
-    const int nb = ts_blocks(p->n_vocab);
-    bool coop = false;
-    if (ts_coop_call(*p) && !p->no_coop) { // every block resident at once (waiting ones hold SMs)
-        int dev, sms, per;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sample_topk_kernel<true>,
-                                                                 SAMPLE_THREADS, 0));
-        coop = (long)per * sms >= nb;
+// Every block resident at once (the waiting ones hold their SMs). A failed query: not asserted,
+// the one-block sampler instead.
+bool sample_coop_ok(const struct sample_params *p) {
+    if (p->one_block || p->no_coop || !ts_coop_call(*p) || !ts_eligible(*p)) return false;
+    int dev, sms, per;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sample_topk_kernel<true>,
+                                                      SAMPLE_THREADS, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
     }
-    CUDA_CHECK(pdl_launch(coop ? sample_topk_kernel<true> : sample_topk_kernel<false>, dim3(nb),
-                          dim3(SAMPLE_THREADS), 0, s, decode_pdl(), *p));
+    return (long)per * sms >= ts_blocks(p->n_vocab);
+}
+
+int sample_cand_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {
+    CUDA_CHECK(pdl_launch(sample_coop_ok(p) ? sample_topk_kernel<true> : sample_topk_kernel<false>,
+                          dim3(ts_blocks(p->n_vocab)), dim3(SAMPLE_THREADS), 0, s, decode_pdl(),
+                          *p));
     return 0;
 }

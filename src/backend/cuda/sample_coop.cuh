@@ -1,8 +1,9 @@
 // The candidate kernel's multi-block selection (sample_cand.cu): where its candidates cannot hold
 // the kept set (top-p or min-p without a top-k over thousands of ids: a flat distribution), every
-// block of its grid, not one, finds the floor and the draw's block. Each block holds its own ids
-// (TS_ELEMS, TS_PER consecutive ones per thread) in registers, so the vocabulary is read once
-// and not streamed several times by one SM (the one-block sampler: ~0.26 ms per token).
+// block of its grid, not one, finds the floor and the draw's block. Each block reads its own ids
+// once more (TS_ELEMS, TS_PER consecutive ones per thread) and keeps them in registers through the
+// selection, instead of one SM streaming the vocabulary several times (the one-block sampler:
+// ~0.25 ms per token).
 //
 // The blocks wait for the last one's decision at the ticket and meet at grid barriers in between,
 // so all of them must be resident at once: the launcher allows it only where the card holds the
@@ -12,8 +13,8 @@
 // Top-p: the value bins of the one-block sampler (rs_vbins) with the masses in 2^-40 fixed point,
 // summed per block in shared memory and over the grid by integer atomics (exact in any order, so
 // every block picks the same bin and the draws are reproducible), then the chosen bin's ids
-// listed in global memory and resolved in every block by the key-digit passes. Then each block's
-// mass above the floor; the last block picks the block holding the draw and walks it.
+// listed in global memory and resolved in every block by the key-digit passes (rs_list_tau). Then
+// each block's mass above the floor; the last block picks the block holding the draw and walks it.
 #pragma once
 #include "backend/cuda/sample_dev.cuh"
 
@@ -45,11 +46,10 @@ struct co_smem {
     typename BSu::TempStorage scan;
     typename BRf::TempStorage red;
     rs_pickbuf pb;
+    rs_listbuf<u64> lb;
     int go;
-    uint32_t klo, khi; // co_list_tau's range of keys
-    u64 before;        // and the mass before its chosen digit
 };
-static_assert(CO_LIST <= SAMPLE_THREADS, "co_list_tau: one listed key per thread");
+static_assert(CO_LIST <= SAMPLE_THREADS, "rs_list_tau: one listed key per thread");
 
 // Block 0 before its ticket: the sums and the list of the multi-block selection emptied.
 static __device__ void co_clear(co_glob *g) {
@@ -103,77 +103,6 @@ static __device__ void co_release(co_glob *g, int nb, float mx, float sc, bool g
     }
 }
 
-// The key tau among the nl listed keys cs.lk (masses cs.lm, one per thread) where the running mass
-// from the largest key reaches the target: (mass of keys > tau) < target <= (mass of keys >= tau).
-// A value bin's keys agree above their highest differing bit, so the digit passes (8 bits) start
-// there; the block adds (per warp first: ties would queue on one address), warp 0 picks the digit.
-// (Block passes of 11 bits over all 32 with block scans: ~3 us each; a warp alone: ~15 us over a
-// full list.)
-static __device__ uint32_t co_list_tau(co_smem &cs, int nl, u64 target) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    const bool in = tid < nl;
-    const uint32_t k = in ? cs.lk[tid] : 0u;
-    const u64 m = in ? cs.lm[tid] : 0ull;
-    if (tid == 0) cs.klo = 0xFFFFFFFFu, cs.khi = 0;
-    __syncthreads();
-    uint32_t lo = in ? k : 0xFFFFFFFFu, hi = k;
-    for (int o = 16; o; o >>= 1) {
-        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    if (lane == 0) atomicMin(&cs.klo, lo), atomicMax(&cs.khi, hi);
-    __syncthreads();
-    lo = cs.klo, hi = cs.khi;
-    if (lo >= hi) return hi; // one key (or none)
-    const int top = 31 - __clz(lo ^ hi);
-    uint32_t mask = ~((2u << top) - 1u), prefix = hi & mask; // the bits above top: common
-    for (int h = top; h >= 0; h -= 8) {
-        const int shift = max(h - 7, 0);
-        const uint32_t dm = (2u << (h - shift)) - 1u;
-        if (tid < 256) cs.hist[tid] = 0;
-        __syncthreads();
-        // bin dm - digit: the largest digit first
-        warp_hist_add(cs.hist, (int)(dm - ((k >> shift) & dm)), m, in && (k & mask) == prefix);
-        __syncthreads();
-        if (tid < 32) { // the first non-empty bin whose running sum reaches the target, else the
-                        // last non-empty; 8 bins per lane
-            u64 c[8], sum = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) sum += (c[i] = cs.hist[8 * lane + i]);
-            u64 acc = sum;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const u64 y = __shfl_up_sync(0xffffffffu, acc, o);
-                if (lane >= o) acc += y;
-            }
-            acc -= sum;
-            int pick = -1, last = -1;
-            u64 before = 0, lbefore = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (c[i]) {
-                    if (pick < 0 && acc + c[i] >= target) pick = 8 * lane + i, before = acc;
-                    last = 8 * lane + i, lbefore = acc;
-                }
-                acc += c[i];
-            }
-            const unsigned hits = __ballot_sync(0xffffffffu, pick >= 0),
-                           any = __ballot_sync(0xffffffffu, last >= 0);
-            const int src = hits ? __ffs(hits) - 1 : any ? 31 - __clz(any) : 0;
-            const int b = __shfl_sync(0xffffffffu, hits ? pick : last, src);
-            const u64 bf = __shfl_sync(0xffffffffu, hits ? before : lbefore, src);
-            if (lane == 0) cs.pb.pick = any ? b : -1, cs.before = bf;
-        }
-        __syncthreads();
-        if (cs.pb.pick < 0) return hi; // no mass at all
-        target -= cs.before;
-        prefix |= (dm - (uint32_t)cs.pb.pick) << shift;
-        mask |= dm << shift;
-        __syncthreads(); // every thread has read the pick
-    }
-    return prefix;
-}
-
 // Every block, its values v (scaled, penalised; -inf past the vocabulary): the floor key of the
 // kept set (top-p's key where the mass from the top reaches top_p of all, min-p's), identical in
 // every block. false: the chosen value bin holds more than CO_LIST ids (heavy ties).
@@ -219,7 +148,7 @@ static __device__ bool co_floor(const struct sample_params &p, co_glob *g, co_sm
     for (int j = tid; j < (int)nl; j += nt)
         cs.lk[j] = __ldcg(&g->list_k[j]), cs.lm[j] = __ldcg(&g->list_m[j]);
     __syncthreads();
-    const uint32_t tau = co_list_tau(cs, (int)nl, target);
+    const uint32_t tau = rs_list_tau(cs.lk, cs.lm, (int)nl, target, cs.hist, cs.lb);
     floor_key = tau > floor_key ? tau : floor_key;
     return true;
 }

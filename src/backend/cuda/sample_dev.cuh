@@ -95,6 +95,7 @@ static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
 #define RS_PER_NAT 64.f
 #define RS_LIST    1024 // the chosen bin's keys kept in shared memory (248K ids: ~120 per bin)
 static_assert(2 * SAMPLE_THREADS >= RS_BINS, "rs_pick: two bins per thread");
+static_assert(RS_LIST <= SAMPLE_THREADS, "rs_list_tau: one listed key per thread");
 
 typedef unsigned long long u64;
 typedef cub::BlockScan<u64, SAMPLE_THREADS> BSu;
@@ -175,28 +176,84 @@ template <class T> static __device__ void warp_hist_add(T *hist, int bin, T m, b
     if (add && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&hist[bin], sum);
 }
 
-// The digit passes from `from` on over the nl keys lk (with counts or masses lm) that one value
-// bin holds: (prefix, mask) narrowed to the key where the running sum reaches the target.
+// The scalars of rs_list_tau.
+template <class T> struct rs_listbuf {
+    uint32_t klo, khi; // the listed keys' range
+    int pick;          // the chosen digit's bin
+    T before;          // the sum before it
+};
+
+// The key tau among the nl listed keys lk (counts or masses lm, one per thread: nl <= blockDim.x)
+// where the running sum from the largest key reaches the target: (sum of keys > tau) < target <=
+// (sum of keys >= tau). The keys of one value bin agree above their highest differing bit, so the
+// 8-bit digit passes (hist: 256) start there; the block adds (per warp first: ties would queue on
+// one address), warp 0 picks the digit as rs_pick does. (11-bit passes over all 32 bits with block
+// scans: ~3 us each; a warp alone: ~15 us over a full list; thirty-fifth session.)
 template <class T>
-static __device__ void rs_list_passes(int from, const uint32_t *lk, const T *lm, int nl, T *hist,
-                                      T &target, uint32_t &prefix, uint32_t &mask,
-                                      typename cub::BlockScan<T, SAMPLE_THREADS>::TempStorage &scan,
-                                      rs_pickbuf &pb) {
-    for (int d = from; d < 3; d++) {
-        const int shift = rs_shift(d), nb = (int)rs_dmask(d) + 1;
-        for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = T(0);
-        __syncthreads();
-        for (int j0 = 0; j0 < nl; j0 += blockDim.x) { // a uniform loop: warp_hist_add
-            const int j = j0 + threadIdx.x;
-            const uint32_t k = j < nl ? lk[j] : 0u;
-            warp_hist_add(hist, nb - 1 - (int)((k >> shift) & rs_dmask(d)), j < nl ? lm[j] : T(0),
-                          j < nl && (k & mask) == prefix);
-        }
-        const int r = rs_pick(
-            hist, nb, target, [&](T) { return target; }, false, scan, pb);
-        prefix |= (uint32_t)(nb - 1 - r) << shift;
-        mask |= rs_dmask(d) << shift;
+static __device__ uint32_t rs_list_tau(const uint32_t *lk, const T *lm, int nl, T target, T *hist,
+                                       rs_listbuf<T> &lb) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    const bool in = tid < nl;
+    const uint32_t k = in ? lk[tid] : 0u;
+    const T m = in ? lm[tid] : T(0);
+    if (tid == 0) lb.klo = 0xFFFFFFFFu, lb.khi = 0;
+    __syncthreads();
+    uint32_t lo = in ? k : 0xFFFFFFFFu, hi = k;
+    for (int o = 16; o; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
     }
+    if (lane == 0) atomicMin(&lb.klo, lo), atomicMax(&lb.khi, hi);
+    __syncthreads();
+    lo = lb.klo, hi = lb.khi;
+    if (lo >= hi) return hi; // one key (or none)
+    const int top = 31 - __clz(lo ^ hi);
+    uint32_t mask = ~((2u << top) - 1u), prefix = hi & mask; // the bits above top: common
+    for (int h = top; h >= 0; h -= 8) {
+        const int shift = max(h - 7, 0);
+        const uint32_t dm = (2u << (h - shift)) - 1u;
+        if (tid < 256) hist[tid] = T(0);
+        __syncthreads();
+        // bin dm - digit: the largest digit first
+        warp_hist_add(hist, (int)(dm - ((k >> shift) & dm)), m, in && (k & mask) == prefix);
+        __syncthreads();
+        if (tid < 32) { // the first non-empty bin whose running sum reaches the target, else the
+                        // last non-empty; 8 bins per lane
+            T c[8], sum = T(0);
+#pragma unroll
+            for (int i = 0; i < 8; i++) sum += (c[i] = hist[8 * lane + i]);
+            T acc = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const T y = __shfl_up_sync(0xffffffffu, acc, o);
+                if (lane >= o) acc += y;
+            }
+            acc -= sum;
+            int pick = -1, last = -1;
+            T before = T(0), lbefore = T(0);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (c[i] > T(0)) {
+                    if (pick < 0 && acc + c[i] >= target) pick = 8 * lane + i, before = acc;
+                    last = 8 * lane + i, lbefore = acc;
+                }
+                acc += c[i];
+            }
+            const unsigned hits = __ballot_sync(0xffffffffu, pick >= 0),
+                           any = __ballot_sync(0xffffffffu, last >= 0);
+            const int src = hits ? __ffs(hits) - 1 : any ? 31 - __clz(any) : 0;
+            const int b = __shfl_sync(0xffffffffu, hits ? pick : last, src);
+            const T bf = __shfl_sync(0xffffffffu, hits ? before : lbefore, src);
+            if (lane == 0) lb.pick = any ? b : -1, lb.before = bf;
+        }
+        __syncthreads();
+        if (lb.pick < 0) return hi; // nothing to count at all
+        target -= lb.before;
+        prefix |= (dm - (uint32_t)lb.pick) << shift;
+        mask |= dm << shift;
+        __syncthreads(); // every thread has read the pick
+    }
+    return prefix;
 }
 
 struct samp_smem {
@@ -208,6 +265,7 @@ struct samp_smem {
     float bf, lo;
     uint32_t bu;
     rs_pickbuf pb;            // rs_pick's choice
+    rs_listbuf<float> lb;     // rs_list_tau's
     int nlist;                // keys of radix_select's chosen value bin (beyond RS_LIST: not kept)
     uint32_t list_k[RS_LIST]; // and their counts or masses
     float list_m[RS_LIST];
@@ -221,9 +279,9 @@ struct samp_smem {
 // key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau), where the
 // target is `want` for a count and want x (the mass of every key >= floor_key) for a mass. Mass
 // of id i is exp(v(i) - vmax); span: the largest value minus the smallest finite one. The first key
-// pass also keeps the chosen value bin's keys in shared memory, so that, where they fit, the last
-// two read them instead of the whole vocabulary. A thread adds a run of ids falling in one bin
-// before it touches the histogram.
+// pass also keeps the chosen value bin's keys in shared memory, so that, where they fit, the key is
+// resolved from them (rs_list_tau) instead of two more passes over the whole vocabulary. A thread
+// adds a run of ids falling in one bin before it touches the histogram.
 template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
                                         float span, uint32_t floor_key, float want, samp_smem &sm) {
@@ -232,11 +290,6 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
     int vb = 0;
     uint32_t prefix = 0, mask = 0;
     for (int pass = 0; pass < 4; pass++) {
-        if (pass == 2 && sm.nlist <= RS_LIST) {
-            rs_list_passes(1, sm.list_k, sm.list_m, sm.nlist, sm.hist, target, prefix, mask,
-                           sm.cub.s, sm.pb);
-            break;
-        }
         const int shift = pass ? rs_shift(pass - 1) : 0;
         const uint32_t dmask = pass ? rs_dmask(pass - 1) : 0u;
         const int nb = pass == 0 ? RS_BINS : (int)dmask + 1;
@@ -267,6 +320,11 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
             add(nb - 1 - (int)((k >> shift) & dmask), m);
         });
         if (run >= 0) atomicAdd(&sm.hist[run], acc);
+        if (pass == 1) {
+            __syncthreads();
+            if (sm.nlist <= RS_LIST)
+                return rs_list_tau(sm.list_k, sm.list_m, sm.nlist, target, sm.hist, sm.lb);
+        }
         const bool of_total = MASS && pass == 0;
         const int r = rs_pick(
             sm.hist, nb, target, [&](float tot) { return of_total ? target * tot : target; }, false,
