@@ -318,7 +318,7 @@ static __device__ __noinline__ bool co_select(const struct sample_params &p, co_
     for (int r = 0; r < TS_PER; r++)
         if (fkey(v[r]) >= fl) m += __expf(v[r] - vmax);
     m = BRf(cs.red).Sum(m);
-    if (tid == 0) g->bmin[nb + blockIdx.x] = m, floor_key = fl;
+    if (tid == 0) g->bpart[nb + blockIdx.x] = m, floor_key = fl;
     co_gather(p.counter, nb, last);
     return true;
 }
@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         for (int r = 0; r < TS_PER; r++)
             if (k[r] && lkey_logit(k[r]) > -INFINITY) mn = fminf(mn, lkey_logit(k[r]));
         mn = BRf(tr).Reduce(mn, [](float a, float b) { return fminf(a, b); });
-        if (tid == 0) cg->bmin[blockIdx.x] = mn;
+        if (tid == 0) cg->bpart[blockIdx.x] = mn;
         if (blockIdx.x == 0) co_clear(cg);
         __syncthreads(); // tr is used again
     }
@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
                 floor_key = tp > floor_key ? tp : floor_key;
             }
             if (p.min_p > 0.f) {
-                const uint32_t tm = fkey(vmax + logf(p.min_p));
+                const uint32_t tm = minp_key(vmax, p.min_p);
                 floor_key = tm > floor_key ? tm : floor_key;
             }
             if (ok) {
@@ -555,7 +555,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     TRACE_MARK(2);
     if (mode == 1 && coop && co_select(p, cg, su.co, nb, true, s_gen + 1, s_floor)) {
         if (warp == 0) { // the block where u of the kept mass falls, in id order
-            const float *bm = cg->bmin + nb;
+            const float *bm = cg->bpart + nb;
             auto bmass = [&](int b) { return __ldcg(bm + b); };
             float tot, acc;
             ts_scan(nb, INFINITY, bmass, &tot);

@@ -33,7 +33,7 @@ struct co_glob {
     uint32_t list_k[CO_LIST];
     u64 list_m[CO_LIST];
     // [nb] the blocks' smallest finite logits, then [nb] their masses above the floor
-    float bmin[1];
+    float bpart[1];
 };
 static __host__ __device__ __forceinline__ size_t co_bytes(int nb) {
     return sizeof(co_glob) + (size_t)(2 * nb) * sizeof(float);
@@ -94,7 +94,7 @@ static __device__ bool co_join(co_glob *g, unsigned gen0, co_smem &cs) {
 static __device__ void co_release(co_glob *g, int nb, float mx, float sc, bool go, unsigned gen) {
     const int lane = threadIdx.x & 31;
     float mn = INFINITY;
-    for (int b = lane; b < nb; b += 32) mn = fminf(mn, __ldcg(g->bmin + b));
+    for (int b = lane; b < nb; b += 32) mn = fminf(mn, __ldcg(g->bpart + b));
     for (int o = 16; o; o >>= 1) mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
     if (lane == 0) {
         g->vmax = mx * sc, g->span = (mx - mn) * sc, g->go = go;
@@ -111,7 +111,7 @@ static __device__ bool co_floor(const struct sample_params &p, co_glob *g, co_sm
                                 unsigned gen, const float (&v)[NV], float vmax, float span,
                                 uint32_t &floor_key) {
     const int tid = threadIdx.x, nt = blockDim.x;
-    floor_key = p.min_p > 0.f ? fkey(vmax + logf(p.min_p)) : 0u;
+    floor_key = p.min_p > 0.f ? minp_key(vmax, p.min_p) : 0u;
     if (p.top_p <= 0.f) { // nothing kept: the greedy token
         floor_key = 0xFFFFFFFFu;
         return true;

@@ -16,6 +16,11 @@ static __device__ __forceinline__ uint32_t fkey(float f) { // order-preserving f
 static __device__ __forceinline__ float kfloat(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
+// min-p's floor: the key of the largest scaled value vmax plus log(min_p), as every sampler keeps
+// it.
+static __device__ __forceinline__ uint32_t minp_key(float vmax, float min_p) {
+    return fkey(vmax + logf(min_p));
+}
 // Logit l of id i as one 64-bit key: larger logit first, ties to the lower id (every sampler's
 // order; 0 is below every id's key).
 static __device__ __forceinline__ unsigned long long lkey(float l, int i) {
@@ -89,8 +94,9 @@ static __device__ __forceinline__ void for_my_ids(const float *a, int n, F f) {
 // Radix selection: the values are first binned by their distance below the largest, the bins
 // spread over the values' span (beyond 32 nats, 1/64 of a nat per bin) so that the 248K
 // histogram updates land on many addresses (by the key's top bits, they land on a few dozen; the
-// block's updates to them took ~0.12 ms per pass), then the chosen bin's keys in three passes of
-// 11, 11 and 10 bits.
+// block's updates to them took ~0.12 ms per pass), then the chosen bin's keys: listed in shared
+// memory and resolved by rs_list_tau, or (more than RS_LIST of them) in three passes of 11, 11 and
+// 10 bits over the vocabulary.
 #define RS_BINS    2048
 #define RS_PER_NAT 64.f
 #define RS_LIST    1024 // the chosen bin's keys kept in shared memory (248K ids: ~120 per bin)
@@ -383,7 +389,7 @@ static __device__ void sample_full(const struct sample_params &p, samp_smem &sm)
             floor_key = t > floor_key ? t : floor_key;
         }
         if (p.min_p > 0.f) {
-            uint32_t t = fkey(vmax + logf(p.min_p));
+            uint32_t t = minp_key(vmax, p.min_p);
             floor_key = t > floor_key ? t : floor_key;
         }
         // draw: the first id in id order whose cumulative mass exceeds u x the total. The masses
