@@ -225,19 +225,33 @@ static __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Launches kernel<<<grid, threads, smem, s>>>(args...), overlapping with the previous kernel when
-// pdl is set (the kernel must then follow the pdl_wait contract above).
+// pdl is set (the kernel must then follow the pdl_wait contract above). coop: a cooperative launch,
+// for a kernel whose blocks wait for each other: the driver guarantees that the whole grid is
+// resident at once, or fails the launch instead of letting it hang.
 template <typename... P, typename... A>
-static cudaError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem,
-                              cudaStream_t s, bool pdl, A &&...args) {
+static cudaError_t launch_ex(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem,
+                             cudaStream_t s, bool pdl, bool coop, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = threads;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    int na = 0;
+    if (pdl) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[na].id = cudaLaunchAttributeCooperative;
+        at[na++].val.cooperative = 1;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = na;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+}
+template <typename... P, typename... A>
+static cudaError_t pdl_launch(void (*kernel)(P...), dim3 grid, dim3 threads, size_t smem,
+                              cudaStream_t s, bool pdl, A &&...args) {
+    return launch_ex(kernel, grid, threads, smem, s, pdl, false, std::forward<A>(args)...);
 }

@@ -442,8 +442,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
     }
     if (!last) { // done, or wait to select with the last block
-        if (coop && co_join(cg, s_gen, su.co))
+        if (coop) {
+            co_join(cg, s_gen);
             co_select(p, cg, su.co, nb, false, s_gen + 1, s_floor);
+        }
         return;
     }
     TRACE_MARK(1);
@@ -549,11 +551,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         if (lane == 0) mode = md, s_tok = tok, s_ltok = ltok, bval = lse, ntop = nt, s_floor = 0;
         if (lane == 0 && p.path) *p.path = md;
-        if (coop) co_release(cg, nb, lkey_logit(sm[0]), sc, md == 1, s_gen + 1);
+        if (coop) co_release(cg, nb, lkey_logit(sm[0]), sc, s_gen + 1);
     }
     __syncthreads();
     TRACE_MARK(2);
-    if (mode == 1 && coop && co_select(p, cg, su.co, nb, true, s_gen + 1, s_floor)) {
+    if (coop && co_select(p, cg, su.co, nb, true, s_gen + 1, s_floor)) {
         if (warp == 0) { // the block where u of the kept mass falls, in id order
             const float *bm = cg->bpart + nb;
             auto bmass = [&](int b) { return __ldcg(bm + b); };
@@ -627,12 +629,15 @@ bool sample_cand_ok(const struct sample_params *p) {
     return ts_eligible(*p);
 }
 
-// Every block resident at once (the waiting ones hold their SMs). A failed query: not asserted,
-// the one-block sampler instead.
+// Every block resident at once (the waiting ones hold their SMs): the launch is cooperative, so
+// the driver refuses a grid the card cannot hold rather than let it hang, and this test keeps such
+// cards (by their reported SM count) on the one-block sampler. A failed query: not asserted, the
+// one-block sampler instead.
 bool sample_coop_ok(const struct sample_params *p) {
     if (p->one_block || p->no_coop || !ts_coop_call(*p) || !ts_eligible(*p)) return false;
-    int dev, sms, per;
+    int dev, sms, per, coop;
     if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess || !coop ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, sample_topk_kernel<true>,
                                                       SAMPLE_THREADS, 0) != cudaSuccess) {
@@ -643,8 +648,9 @@ bool sample_coop_ok(const struct sample_params *p) {
 }
 
 int sample_cand_launch(const struct sample_params *p, cudaStream_t s, struct wren_err *e) {
-    CUDA_CHECK(pdl_launch(sample_coop_ok(p) ? sample_topk_kernel<true> : sample_topk_kernel<false>,
-                          dim3(ts_blocks(p->n_vocab)), dim3(SAMPLE_THREADS), 0, s, decode_pdl(),
-                          *p));
+    const bool coop = sample_coop_ok(p);
+    CUDA_CHECK(launch_ex(coop ? sample_topk_kernel<true> : sample_topk_kernel<false>,
+                         dim3(ts_blocks(p->n_vocab)), dim3(SAMPLE_THREADS), 0, s, decode_pdl(),
+                         coop, *p));
     return 0;
 }

@@ -5,10 +5,10 @@
 // selection, instead of one SM streaming the vocabulary several times (the one-block sampler:
 // ~0.25 ms per token).
 //
-// The blocks wait for the last one's decision at the ticket and meet at grid barriers in between,
+// The blocks wait at the ticket for the last one (the maximum and span) and meet at grid barriers,
 // so all of them must be resident at once: the launcher allows it only where the card holds the
-// whole grid (sample_cand_launch). The ticket's last block is the last to arrive, so the others
-// are already resident when it decides.
+// whole grid, as a cooperative launch (sample_coop_ok). The ticket's last block is the last to
+// arrive, so the others are already resident when it releases them.
 //
 // Top-p: the value bins of the one-block sampler (rs_vbins) with the masses in 2^-40 fixed point,
 // summed per block in shared memory and over the grid by integer atomics (exact in any order, so
@@ -25,7 +25,6 @@
 // hold anything at first; hist and nlist are zeroed by block 0 before its ticket.
 struct co_glob {
     unsigned gen; // barrier generation
-    unsigned go;  // the last block's decision: 1 = select over every block
     float vmax;   // the largest scaled logit
     float span;   // vmax minus the smallest finite scaled logit
     unsigned nlist;
@@ -47,7 +46,6 @@ struct co_smem {
     typename BRf::TempStorage red;
     rs_pickbuf pb;
     rs_listbuf<u64> lb;
-    int go;
 };
 static_assert(CO_LIST <= SAMPLE_THREADS, "rs_list_tau: one listed key per thread");
 
@@ -78,26 +76,24 @@ static __device__ void co_sync(unsigned *cnt, co_glob *g, int nb, unsigned &gen)
 }
 
 // The other blocks, after their ticket (gen0: the generation read before it, the last block
-// releases them with gen0 + 1): wait for the last block's decision; whether to select with it.
-static __device__ bool co_join(co_glob *g, unsigned gen0, co_smem &cs) {
+// releases them with gen0 + 1): wait for the last block's maximum and span.
+static __device__ void co_join(co_glob *g, unsigned gen0) {
     if (threadIdx.x == 0) {
         while (*(volatile unsigned *)&g->gen == gen0) __nanosleep(32);
         __threadfence();
-        cs.go = *(volatile unsigned *)&g->go;
     }
     __syncthreads();
-    return cs.go != 0;
 }
 
-// Warp 0 of the last block: the decision, with the scaled maximum mx * sc and the span; gen: the
+// Warp 0 of the last block: the scaled maximum mx * sc and the span for every block; gen: the
 // generation it starts.
-static __device__ void co_release(co_glob *g, int nb, float mx, float sc, bool go, unsigned gen) {
+static __device__ void co_release(co_glob *g, int nb, float mx, float sc, unsigned gen) {
     const int lane = threadIdx.x & 31;
     float mn = INFINITY;
     for (int b = lane; b < nb; b += 32) mn = fminf(mn, __ldcg(g->bpart + b));
     for (int o = 16; o; o >>= 1) mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
     if (lane == 0) {
-        g->vmax = mx * sc, g->span = (mx - mn) * sc, g->go = go;
+        g->vmax = mx * sc, g->span = (mx - mn) * sc;
         __threadfence();
         *(volatile unsigned *)&g->gen = gen;
     }

@@ -284,10 +284,11 @@ struct samp_smem {
 // Radix selection over the values v(i) = scale * work[i] of ids with key >= floor_key: returns the
 // key tau with (count or mass of keys > tau) < target <= (count or mass of keys >= tau), where the
 // target is `want` for a count and want x (the mass of every key >= floor_key) for a mass. Mass
-// of id i is exp(v(i) - vmax); span: the largest value minus the smallest finite one. The first key
-// pass also keeps the chosen value bin's keys in shared memory, so that, where they fit, the key is
-// resolved from them (rs_list_tau) instead of two more passes over the whole vocabulary. A thread
-// adds a run of ids falling in one bin before it touches the histogram.
+// of id i is exp(v(i) - vmax); span: the largest value minus the smallest finite one. After the
+// value bins, the chosen bin's keys are listed in shared memory, so that, where they fit, the key
+// is resolved from them (rs_list_tau); only heavy ties (over RS_LIST ids in one bin) take the key
+// digit passes over the whole vocabulary. A thread adds a run of ids falling in one bin before it
+// touches the histogram.
 template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
                                         float span, uint32_t floor_key, float want, samp_smem &sm) {
@@ -300,7 +301,6 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
         const uint32_t dmask = pass ? rs_dmask(pass - 1) : 0u;
         const int nb = pass == 0 ? RS_BINS : (int)dmask + 1;
         for (int b = threadIdx.x; b < RS_BINS; b += blockDim.x) sm.hist[b] = 0.f;
-        if (pass == 1 && threadIdx.x == 0) sm.nlist = 0;
         __syncthreads();
         int run = -1;
         float acc = 0.f;
@@ -318,29 +318,32 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
             const int bin = vbin(v);
             if (pass > 0 && (bin != vb || (k & mask) != prefix)) return;
             const float m = MASS ? __expf(v - vmax) : 1.f;
-            if (pass == 0) return add(bin, m);
-            if (pass == 1) {
-                const int slot = atomicAdd(&sm.nlist, 1);
-                if (slot < RS_LIST) sm.list_k[slot] = k, sm.list_m[slot] = m;
-            }
-            add(nb - 1 - (int)((k >> shift) & dmask), m);
+            add(pass == 0 ? bin : nb - 1 - (int)((k >> shift) & dmask), m);
         });
         if (run >= 0) atomicAdd(&sm.hist[run], acc);
-        if (pass == 1) {
-            __syncthreads();
-            if (sm.nlist <= RS_LIST)
-                return rs_list_tau(sm.list_k, sm.list_m, sm.nlist, target, sm.hist, sm.lb);
-        }
         const bool of_total = MASS && pass == 0;
         const int r = rs_pick(
             sm.hist, nb, target, [&](float tot) { return of_total ? target * tot : target; }, false,
             sm.cub.s, sm.pb);
-        if (pass == 0) {
-            vb = r;
-        } else {
+        if (pass > 0) {
             prefix |= (uint32_t)(nb - 1 - r) << shift;
             mask |= dmask << shift;
+            continue;
         }
+        vb = r;
+        if (threadIdx.x == 0) sm.nlist = 0;
+        __syncthreads();
+        for_my_ids(work, n, [&](int, float w) {
+            const float v = w * scale;
+            const uint32_t k = fkey(v);
+            if (k < floor_key || vbin(v) != vb) return;
+            const int slot = atomicAdd(&sm.nlist, 1);
+            if (slot < RS_LIST)
+                sm.list_k[slot] = k, sm.list_m[slot] = MASS ? __expf(v - vmax) : 1.f;
+        });
+        __syncthreads();
+        if (sm.nlist <= RS_LIST)
+            return rs_list_tau(sm.list_k, sm.list_m, sm.nlist, target, sm.hist, sm.lb);
     }
     return prefix;
 }
