@@ -10,6 +10,8 @@
 //   flags:  one persistent kernel (a CTA per SM, cooperative launch) and one counter: after
 //           writing its slice a CTA adds 1 (release) and waits (acquire) until the counter
 //           reaches (stage + 1) x CTAs.
+// Also what a graph boundary costs beyond a PDL stage (a decode step is one graph per token): the
+// same PDL stages in graphs of a quarter of the length, replayed four times as often.
 // usage: bench_stage_sync [STAGES]
 #include "common_check.cuh"
 
@@ -158,38 +160,47 @@ int main(int argc, char **argv) {
     CK(cudaEventCreate(&e1));
     printf("%d stages, %d CTAs of %d threads (one per SM)\n", stages, sms, THREADS);
     const char *names[] = {"graph", "pdl", "ll"};
-    for (int smem = 0; smem <= fat; smem += fat)
-        for (int mode = 0; mode < 3; mode++) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            if (mode == 2) {
-                CK(pdl_launch(ll_bump, dim3(1), dim3(1), 0, st, false, epoch, la));
-                for (int s = 0; s < stages; s++)
-                    CK(pdl_launch(ll_stage_kernel, dim3(sms), dim3(THREADS), (size_t)smem, st, true,
-                                  (const unsigned long long *)(s & 1 ? lb : la), s & 1 ? la : lb,
-                                  (const unsigned *)epoch, s));
-            } else {
-                for (int s = 0; s < stages; s++)
-                    CK(pdl_launch(stage_kernel, dim3(sms), dim3(THREADS), (size_t)smem, st,
-                                  mode == 1, (const float *)(s & 1 ? b : a), s & 1 ? a : b, mode));
-            }
-            CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e0, st));
-            const int reps = 20;
-            for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaGetLastError());
-            float ms = 0.f;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            printf("%-6s %-4s %.2f us per stage\n", names[mode], smem ? "fat" : "thin",
-                   ms * 1e3f / reps / stages);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
+    // ms for reps replays of a graph of n stages separated by mode, each CTA asking for smem
+    auto run = [&](int mode, int smem, int n, int reps) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        if (mode == 2) {
+            CK(pdl_launch(ll_bump, dim3(1), dim3(1), 0, st, false, epoch, la));
+            for (int s = 0; s < n; s++)
+                CK(pdl_launch(ll_stage_kernel, dim3(sms), dim3(THREADS), (size_t)smem, st, true,
+                              (const unsigned long long *)(s & 1 ? lb : la), s & 1 ? la : lb,
+                              (const unsigned *)epoch, s));
+        } else {
+            for (int s = 0; s < n; s++)
+                CK(pdl_launch(stage_kernel, dim3(sms), dim3(THREADS), (size_t)smem, st, mode == 1,
+                              (const float *)(s & 1 ? b : a), s & 1 ? a : b, mode));
         }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int r = 0; r < 3; r++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms = 0.f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        return ms;
+    };
+    const int reps = 20;
+    for (int smem = 0; smem <= fat; smem += fat)
+        for (int mode = 0; mode < 3; mode++)
+            printf("%-6s %-4s %.2f us per stage\n", names[mode], smem ? "fat" : "thin",
+                   run(mode, smem, stages, reps) * 1e3f / reps / stages);
+    if (stages % 4 == 0) {
+        const float whole = run(1, fat, stages, reps), quarter = run(1, fat, stages / 4, 4 * reps);
+        printf("graph boundary: %.2f us beyond a PDL stage (pdl fat, %d-stage graphs x %d vs %d x "
+               "%d)\n",
+               (quarter - whole) * 1e3f / (3 * reps), stages / 4, 4 * reps, stages, reps);
+    }
     DIE_IF(!coop, "no cooperative launch on this device");
     for (int ll = 0; ll < 2; ll++) {
         float best = 1e30f;
