@@ -5,7 +5,7 @@
 #      none of the sm_90a code runs) with WREN_CUDA_SMEM=101376 (99 KB per block), no programmatic
 #      launch, and a torch process holding all but 23 GiB of device memory: fixtures vs HF,
 #      check_decode_e2e, wren bench on the synthesized Qwen3.6-35B-A3B with its peak device memory,
-#      and that build's prefill kernel checks.
+#      and that build's prefill and decode kernel checks.
 # usage (on the GPU machine): two folders packed by tools/devpack.sh beside this script, nat/ (the
 # native build) and emu/ (the sm_80 build), inside the repository (REPO, default ../..).
 set -u
@@ -59,4 +59,6 @@ kill $smp
 awk -F', ' -v b=$bp '$1 != b && $2+0 > m {m = $2+0} END {print "peak device memory of the wren process (nvidia-smi):", m, "MiB"}' /tmp/mem.log
 echo "== emulated: prefill kernel checks (sm_80 code)"
 for c in check_prefill_gemm check_prefill_moe check_prefill_dn; do timeout 150 $emu/cuda_checks/$c 2>&1 | grep -E "FAIL|passed|all ok|failed" | tail -3; done
+echo "== emulated: decode kernel checks (sm_80 code)"
+$repo/bench/cuda_checks.sh $emu/cuda_checks 2>&1 | tail -12
 kill $bp
