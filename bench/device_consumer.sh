@@ -60,5 +60,5 @@ awk -F', ' -v b=$bp '$1 != b && $2+0 > m {m = $2+0} END {print "peak device memo
 echo "== emulated: prefill kernel checks (sm_80 code)"
 for c in check_prefill_gemm check_prefill_moe check_prefill_dn; do timeout 150 $emu/cuda_checks/$c 2>&1 | grep -E "FAIL|passed|all ok|failed" | tail -3; done
 echo "== emulated: decode kernel checks (sm_80 code)"
-$repo/bench/cuda_checks.sh $emu/cuda_checks 2>&1 | tail -12
+$repo/bench/cuda_checks.sh $emu/cuda_checks 2>&1
 kill $bp

@@ -36,7 +36,7 @@ print(f"bf16 matmul 8192^3: {2 * 8192**3 / dt / 1e12:.0f} TFLOP/s")
 PY
 
 echo "== decode kernel checks"
-$repo/bench/cuda_checks.sh cuda_checks 2>&1 | tail -12
+$repo/bench/cuda_checks.sh cuda_checks 2>&1
 echo "== prefill kernel checks"
 for c in gemm moe dn attn model; do
   timeout 120 ./cuda_checks/check_prefill_$c > "$out/check_prefill_$c.log" 2>&1
