@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=$PWD/lib
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 
 echo "== decode kernel checks"
-$repo/bench/cuda_checks.sh cuda_checks 2>&1 | tail -14
+$repo/bench/cuda_checks.sh cuda_checks 2>&1
 echo "== decode GEMV kinds (us per launch, GB/s of weights)"
 timeout 120 ./cuda_checks/bench_decode_gemv 20 2>&1
 if [ -n "${NCU:-}" ]; then

@@ -24,7 +24,7 @@ echo "check_prefill_attn: exit $? ($(grep -c ' ok$' "$out/check_prefill_attn.log
 grep -E "FAIL|int8" "$out/check_prefill_attn.log" | head -40
 if [ -z "${QUICK:-}" ]; then # QUICK=1: the attention checks, the fixtures and the bench only
   echo "== decode kernel checks"
-  $repo/bench/cuda_checks.sh cuda_checks 2>&1 | tail -12
+  $repo/bench/cuda_checks.sh cuda_checks 2>&1
 fi
 
 echo "== tiny fixtures vs HF reference, int8 KV cache"
