@@ -293,6 +293,14 @@ template <bool MASS>
 static __device__ uint32_t radix_select(const float *work, int n, float scale, float vmax,
                                         float span, uint32_t floor_key, float want, samp_smem &sm) {
     const rs_vbins vbin(vmax, span);
+    // f(v, k, count or mass) for each of this thread's ids whose key is at or above the floor
+    auto kept = [&](auto f) {
+        for_my_ids(work, n, [&](int, float w) {
+            const float v = w * scale;
+            const uint32_t k = fkey(v);
+            if (k >= floor_key) f(v, k, MASS ? __expf(v - vmax) : 1.f);
+        });
+    };
     float target = want;
     int vb = 0;
     uint32_t prefix = 0, mask = 0;
@@ -311,13 +319,9 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
             }
             acc += m;
         };
-        for_my_ids(work, n, [&](int, float w) {
-            const float v = w * scale;
-            const uint32_t k = fkey(v);
-            if (k < floor_key) return;
+        kept([&](float v, uint32_t k, float m) {
             const int bin = vbin(v);
             if (pass > 0 && (bin != vb || (k & mask) != prefix)) return;
-            const float m = MASS ? __expf(v - vmax) : 1.f;
             add(pass == 0 ? bin : nb - 1 - (int)((k >> shift) & dmask), m);
         });
         if (run >= 0) atomicAdd(&sm.hist[run], acc);
@@ -333,13 +337,10 @@ static __device__ uint32_t radix_select(const float *work, int n, float scale, f
         vb = r;
         if (threadIdx.x == 0) sm.nlist = 0;
         __syncthreads();
-        for_my_ids(work, n, [&](int, float w) {
-            const float v = w * scale;
-            const uint32_t k = fkey(v);
-            if (k < floor_key || vbin(v) != vb) return;
+        kept([&](float v, uint32_t k, float m) {
+            if (vbin(v) != vb) return;
             const int slot = atomicAdd(&sm.nlist, 1);
-            if (slot < RS_LIST)
-                sm.list_k[slot] = k, sm.list_m[slot] = MASS ? __expf(v - vmax) : 1.f;
+            if (slot < RS_LIST) sm.list_k[slot] = k, sm.list_m[slot] = m;
         });
         __syncthreads();
         if (sm.nlist <= RS_LIST)
