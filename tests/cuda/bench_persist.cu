@@ -42,7 +42,6 @@ template <int CW> struct pcfg {
     static constexpr int NT = CW * 32, PT = NT + 32;
     static constexpr int SLOT = 2 * CW * (MAXCOLS / 32) * 18; // bytes: the widest unit
     static constexpr int NST = CW == 8 ? 4 : 2;               // slots
-    static constexpr int NB = 2;                              // units computed together
     static constexpr int XIT = (MAXCOLS / 8 + NT - 1) / NT;   // units of 8 values per thread
 };
 __host__ __device__ int unit_rows(int cols, int cw) {
@@ -91,8 +90,9 @@ __device__ void hung(unsigned *err, unsigned bit) {
 }
 
 // The stage's input as int8 planes in q (threads 0 to NT - 1): the source's first xin words, each
-// polled until it carries tag (unless !wait), staged as floats in xs, then values k = xs[k % xin]
-// quantized. The first barrier keeps the previous stage's dot products ahead of the overwrite.
+// polled until it carries tag (unless !wait), quantized by the thread that polled them, or, where
+// the source is narrower than the input, staged as floats in xs and repeated (value k = xs[k %
+// xin]). The first barrier keeps the previous stage's dot products ahead of the overwrite.
 template <int NT, int XIT>
 __device__ void x_build(const unsigned long long *src, int xin, int cols, unsigned tag, bool wait,
                         const qx_smem &q, float *xs, unsigned *err) {
@@ -122,6 +122,20 @@ __device__ void x_build(const unsigned long long *src, int xin, int cols, unsign
 #pragma unroll
         for (int i = 0; i < XIT; i++)
             if (miss >> i & 1) load(i);
+    }
+    if (nx == nu) { // each thread quantizes the units it polled
+        consumers_sync<NT>();
+#pragma unroll
+        for (int i = 0; i < XIT; i++) {
+            if (i * NT >= nu) break;
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = t + NT * i < nu ? __uint_as_float((unsigned)w[i][j]) : 0.f;
+            qx_quant_unit<4>(v, t + NT * i, nu, q);
+        }
+        consumers_sync<NT>();
+        return;
     }
 #pragma unroll
     for (int i = 0; i < XIT; i++)
@@ -236,7 +250,7 @@ template <int CW>
 __global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_constant__ prun R) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using K = pcfg<CW>;
-    constexpr int NST = K::NST, SLOT = K::SLOT, NB = K::NB;
+    constexpr int NST = K::NST, SLOT = K::SLOT;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t full[NST], empty[NST];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x;
@@ -305,53 +319,40 @@ __global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_c
             const unsigned tag = tag_of(R.base, R.S, tok, s);
             const bool tr = R.trace && tok == R.tokens - 1 && threadIdx.x == 0;
             if (tr) R.trace[(size_t)cta * R.S + s] = now_ns();
-            // the CTA's units u, u + G, ... in batches of up to NB, computed together (ILP)
-            for (int u = cta; u < nunits; u += NB * G) {
-                const int nb = min(NB, (nunits - u + G - 1) / G);
-                float acc[NB][PASSES][QG_R] = {};
+            for (int u = cta; u < nunits; u += G, i++) {
+                const int slot = (int)(i % NST);
+                mbar_wait(&full[slot], (uint32_t)((i / NST) & 1));
+                const uint8_t *d = ring + (size_t)slot * SLOT;
+                const uint4 *sw = reinterpret_cast<const uint4 *>(d);
+                const uint16_t *ss = reinterpret_cast<const uint16_t *>(d + (size_t)U * C * 16);
+                const uint16_t *sbias = ss + U * C / 2;
+                float acc[PASSES][QG_R] = {};
 #pragma unroll
-                for (int bt = 0; bt < NB; bt++) {
-                    if (bt >= nb) break;
-                    const int slot = (int)((i + bt) % NST);
-                    mbar_wait(&full[slot], (uint32_t)(((i + bt) / NST) & 1));
-                    if (!compute) continue;
-                    const uint8_t *d = ring + (size_t)slot * SLOT;
-                    const uint4 *sw = reinterpret_cast<const uint4 *>(d);
-                    const uint16_t *ss = reinterpret_cast<const uint16_t *>(d + (size_t)U * C * 16);
-                    const uint16_t *sbias = ss + U * C / 2;
+                for (int k = 0; k < PASSES; k++)
+                    if (compute && k < np)
+                        two_rows(
+                            q, C, 2 * warp + 2 * CW * k,
+                            [&](int r, int c, uint4 &w, uint16_t &sc, uint16_t &bi) {
+                                const int j = c >> sh, cc = c & ((1 << sh) - 1);
+                                const int pr = j * U + r; // the row within its piece
+                                w = sw[(pr << sh) + cc];
+                                sc = ss[pr * gs + (cc >> 1)];
+                                bi = sbias[pr * gs + (cc >> 1)];
+                            },
+                            acc[k]);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[slot]);
+#pragma unroll
+                for (int o = 16; o; o >>= 1) // the passes' lane sums together
 #pragma unroll
                     for (int k = 0; k < PASSES; k++)
-                        if (k < np)
-                            two_rows(
-                                q, C, 2 * warp + 2 * CW * k,
-                                [&](int r, int c, uint4 &w, uint16_t &sc, uint16_t &bi) {
-                                    const int j = c >> sh, cc = c & ((1 << sh) - 1);
-                                    const int pr = j * U + r; // the row within its piece
-                                    w = sw[(pr << sh) + cc];
-                                    sc = ss[pr * gs + (cc >> 1)];
-                                    bi = sbias[pr * gs + (cc >> 1)];
-                                },
-                                acc[bt][k]);
-                }
-                __syncwarp();
+#pragma unroll
+                        for (int j = 0; j < QG_R; j++)
+                            acc[k][j] += __shfl_xor_sync(0xffffffffu, acc[k][j], o);
                 if (lane == 0)
-                    for (int bt = 0; bt < nb; bt++) mbar_arrive(&empty[(i + bt) % NST]);
-#pragma unroll
-                for (int o = 16; o; o >>= 1) // the lane sums of the batch together
-#pragma unroll
-                    for (int bt = 0; bt < NB; bt++)
-#pragma unroll
-                        for (int k = 0; k < PASSES; k++)
-#pragma unroll
-                            for (int j = 0; j < QG_R; j++)
-                                acc[bt][k][j] += __shfl_xor_sync(0xffffffffu, acc[bt][k][j], o);
-                if (lane == 0)
-                    for (int bt = 0; bt < nb; bt++)
-                        for (int k = 0; k < np; k++)
-                            for (int j = 0; j < QG_R; j++)
-                                ll_store(P.out + (u + bt * G) * U + 2 * warp + 2 * CW * k + j,
-                                         acc[bt][k][j], tag);
-                i += nb;
+                    for (int k = 0; k < np; k++)
+                        for (int j = 0; j < QG_R; j++)
+                            ll_store(P.out + u * U + 2 * warp + 2 * CW * k + j, acc[k][j], tag);
             }
             if (R.trace && tok == R.tokens - 1 && lane == 0) // the CTA's last warp done
                 atomicMax(R.trace + (size_t)(G + cta) * R.S + s, now_ns());
