@@ -42,8 +42,11 @@ template <int CW> struct pcfg {
     static constexpr int NT = CW * 32, PT = NT + 32;
     static constexpr int SLOT = 2 * CW * (MAXCOLS / 32) * 18; // bytes: the widest unit
     static constexpr int NST = CW == 8 ? 4 : 2;               // slots
-    static constexpr int XIT = (MAXCOLS / 8 + NT - 1) / NT;   // units of 8 values per thread
 };
+// units of 8 input values per consumer thread
+__host__ __device__ constexpr int xit(int nt) {
+    return (MAXCOLS / 8 + nt - 1) / nt;
+}
 __host__ __device__ int unit_rows(int cols, int cw) {
     return (cols == 2048 ? 4 : 2) * cw;
 }
@@ -61,11 +64,6 @@ struct pstage {
     int kind, cols, rows;
     int src, route, xin; // input stage, router stage (routed kinds), words read from src
 };
-
-// log2 of the chunks per piece: a DOWN row is 9 pieces of 16 chunks, the others one piece
-__host__ __device__ int piece_shift(const pstage &P) {
-    return P.kind == DOWN ? 4 : P.cols == 2048 ? 6 : 7;
-}
 
 __device__ unsigned tag_of(unsigned base, int S, int tok, int s) {
     return base + (unsigned)(tok * S + s + 1);
@@ -235,11 +233,13 @@ struct prun {
     unsigned long long *trace; // or [2][CTAs][S]: the last token's input ready / units done, ns
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 // (the kernel's only user)
 __device__ __forceinline__ unsigned long long now_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#endif
 
 // the source stage's tag for stage s of token tok
 __device__ unsigned src_tag(const prun &R, const pstage &P, int tok, int s) {
@@ -313,9 +313,12 @@ __global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_c
             const pstage &P = R.st[s];
             const int U = unit_rows(P.cols, CW), nunits = P.rows / U, np = U / (2 * CW);
             if (cta >= nunits) continue;
-            x_build<K::NT, K::XIT>(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), wait, q,
-                                   xs, R.err);
-            const int C = P.cols / 32, sh = piece_shift(P), gs = (1 << sh) / 2;
+            x_build<K::NT, xit(K::NT)>(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), wait,
+                                       q, xs, R.err);
+            // log2 of the chunks per piece: a DOWN row is 9 pieces of 16 chunks, the others one
+            // piece
+            const int C = P.cols / 32, sh = P.kind == DOWN ? 4 : P.cols == 2048 ? 6 : 7;
+            const int gs = (1 << sh) / 2;
             const unsigned tag = tag_of(R.base, R.S, tok, s);
             const bool tr = R.trace && tok == R.tokens - 1 && threadIdx.x == 0;
             if (tr) R.trace[(size_t)cta * R.S + s] = now_ns();
@@ -371,8 +374,8 @@ __global__ void __launch_bounds__(256) ref_stage(const __grid_constant__ prun R,
     const pstage &P = R.st[s];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const qx_smem q = qx_layout(qsm, MAXCOLS / 32);
-    x_build<256, pcfg<8>::XIT>(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), true, q, xs,
-                               R.err);
+    x_build<256, xit(256)>(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), true, q, xs,
+                           R.err);
     if (P.kind != DENSE && warp == 0) {
         int ids[NSL];
         route_top(R.st[P.route].out, tag_of(R.base, R.S, tok, P.route), true, ids, R.err);
