@@ -1,24 +1,26 @@
 // A timing prototype of the persistent decode step that src/backend/cuda/NOTES.md describes ("The
-// design that would address it"): one kernel, one CTA per SM, for many tokens. In every CTA a
-// producer warp walks a fixed schedule of the CTA's weight slices for every stage of every token
-// and bulk-copies them (TMA) into a ring in shared memory, as far ahead as the ring allows: the
-// weights are constant, so only the routed experts' slices wait (for the router's logits, which
-// the producer ranks itself). Eight consumer warps take the slices in the same order; before a
-// stage they read its input vector, whose words carry their stage's tag (the LL exchange of
+// design that was thought to address it"): one kernel, one CTA per SM, for many tokens. In every
+// CTA a producer warp walks a fixed schedule of the CTA's weight units for every stage of every
+// token and bulk-copies them (TMA) into a ring in shared memory, as far ahead as the ring allows:
+// the weights are constant, so only the routed experts' units wait (for the router's logits,
+// which the producer ranks itself). Eight consumer warps take the units in the same order; before
+// a stage they read its input vector, whose words carry their stage's tag (the LL exchange of
 // bench_stage_sync: no fence, counter or grid barrier), quantize it to the int8 planes of the real
-// GEMV (qx_quant_unit), run the real dot product (qdot) on 2 rows per warp and write their rows as
-// tagged words. So HBM streams while the chain of dependent stages resolves.
+// GEMV (qx_quant_unit, without the RMSNorm the engine fuses there), run the real dot product (qdot)
+// on 2 rows per warp and pass (a unit: 32 rows of a 2,048-wide matrix, 16 of a wider one) and
+// write their rows as tagged words. So HBM streams while the chain of dependent stages resolves.
 //
 // The step is modelled as 263 GEMV stages per token with the byte sizes of Qwen3.6-35B-A3B at 4K
 // context (MLX 4-bit, group 64); stages that are not GEMVs in the engine (the DeltaNet step: its
-// state; attention: its K/V; prep, combine, embedding, sampler) are GEMVs of about their bytes. A
-// stage reads min(its input width, the source's rows) words of the source's output and repeats
-// them to its width. Every 64-bit LL word is (tag << 32 | f32 bits).
+// state; attention: its K/V; prep, combine, sampler) are GEMVs of about their bytes, the embedding
+// row a small GEMV. Every layer has its own weights, its routed experts included (18 GB of
+// stacks). A stage reads min(its input width, the source's rows) words of the source's output and
+// repeats them to its width. Every 64-bit LL word is (tag << 32 | f32 bits).
 //
-// Modes (bits): 1 no waiting for the inputs' tags (streaming and compute alone); 2 no copies (the
-// slots are declared full at once: no HBM); 4 no dot products (zeros written). 0: the design; 6:
-// the dependent chain of exchanges and activation builds alone. Mode 0's
-// outputs are compared bit for bit with a plain kernel-per-stage reference that runs the same
+// Modes (bits): 1 no waiting for the inputs' tags, the router's included (streaming and compute
+// alone); 2 no copies (the slots are declared full at once: no HBM); 4 no dot products (zeros
+// written). 0: the design; 6: the dependent chain of exchanges and activation builds alone. Mode
+// 0's outputs are compared bit for bit with a plain kernel-per-stage reference that runs the same
 // arithmetic from global memory.
 // usage: bench_persist [TOKENS]
 #include "backend/cuda/mma.cuh"
@@ -36,28 +38,23 @@ constexpr int GU_ROWS = 1024, DN_IN = 512, HID = 2048; // per expert: gate+up ro
 constexpr long SPIN = 1l << 22;                        // polls before a wait counts as hung
 constexpr int QXB = 4 * (MAXCOLS / 32 + 4) * 16 + MAXCOLS / 32 * 16; // qx_bytes(MAXCOLS / 32)
 
-// CW consumer warps per CTA (plus the producer warp), each taking 2 rows of a unit per pass; a
-// unit (one ring slot) is 4 x CW rows of a 2,048-wide matrix, 2 x CW of a wider one.
-template <int CW> struct pcfg {
-    static constexpr int NT = CW * 32, PT = NT + 32;
-    static constexpr int SLOT = 2 * CW * (MAXCOLS / 32) * 18; // bytes: the widest unit
-    static constexpr int NST = CW == 8 ? 4 : 2;               // slots
-};
-// units of 8 input values per consumer thread
-__host__ __device__ constexpr int xit(int nt) {
-    return (MAXCOLS / 8 + nt - 1) / nt;
-}
-__host__ __device__ int unit_rows(int cols, int cw) {
-    return (cols == 2048 ? 4 : 2) * cw;
+constexpr int CW = 8, NT = CW * 32, PT = NT + 32;  // consumer warps, their threads, all threads
+constexpr int SLOT = 2 * CW * (MAXCOLS / 32) * 18; // ring slot: the widest unit, with scales
+constexpr int NST = 4;                             // ring slots
+constexpr int XIT = (MAXCOLS / 8 + NT - 1) / NT;   // units of 8 input values per thread
+constexpr size_t SMEM = (size_t)NST * SLOT + QXB + MAXCOLS * 4;
+// rows per unit (ring slot): 4 x CW of a 2,048-wide matrix, 2 x CW of a wider one
+__host__ __device__ int unit_rows(int cols) {
+    return (cols == 2048 ? 4 : 2) * CW;
 }
 
 enum { DENSE, GATE_UP, DOWN };
 
 struct pstage {
     // DENSE: [rows][C] 16-byte chunks, scales and biases [rows][C / 2] bf16 (groups of 64);
-    // GATE_UP: a stack of NE + 1 experts (the last: the shared one) of GU_ROWS such rows, the
-    // virtual row r of slot r / GU_ROWS; DOWN: a stack of NE + 1 experts [HID][DN_IN], a row's
-    // input the 9 slots' DN_IN values each
+    // GATE_UP: the layer's stack of NE + 1 experts (the last: the shared one) of GU_ROWS such
+    // rows, the virtual row r of slot r / GU_ROWS; DOWN: the layer's stack of NE + 1 experts
+    // [HID][DN_IN], a row's input the 9 slots' DN_IN values each
     const uint4 *w;
     const uint16_t *s, *b;
     unsigned long long *out; // [rows] tagged words
@@ -80,18 +77,24 @@ __device__ __forceinline__ void ll_store(unsigned long long *p, float v, unsigne
     const unsigned long long w = ((unsigned long long)tag << 32) | __float_as_uint(v);
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
 }
-template <int NT> __device__ __forceinline__ void consumers_sync() {
+__device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
 }
-__device__ void hung(unsigned *err, unsigned bit) {
-    atomicOr(err, bit);
+// Whether a wait that has polled n times should give up: after SPIN polls (it flags err with bit)
+// or once any wait has (so one hung wait does not make every later one spin for SPIN polls).
+__device__ bool give_up(long n, unsigned *err, unsigned bit) {
+    if (n == SPIN) {
+        atomicOr(err, bit);
+        return true;
+    }
+    return (n & 1023) == 1023 && *(volatile unsigned *)err;
 }
 
 // The stage's input as int8 planes in q (threads 0 to NT - 1): the source's first xin words, each
 // polled until it carries tag (unless !wait), quantized by the thread that polled them, or, where
 // the source is narrower than the input, staged as floats in xs and repeated (value k = xs[k %
-// xin]). The first barrier keeps the previous stage's dot products ahead of the overwrite.
-template <int NT, int XIT>
+// xin]). The first barrier keeps the previous stage's dot products ahead of q's overwrite (and
+// the previous call's last one kept its reads of xs ahead of this one's writes).
 __device__ void x_build(const unsigned long long *src, int xin, int cols, unsigned tag, bool wait,
                         const qx_smem &q, float *xs, unsigned *err) {
     const int nu = cols >> 3, nx = xin >> 3, t = threadIdx.x;
@@ -112,17 +115,13 @@ __device__ void x_build(const unsigned long long *src, int xin, int cols, unsign
 #pragma unroll
                 for (int j = 0; j < 8; j++)
                     if ((unsigned)(w[i][j] >> 32) != tag) miss |= 1u << i;
-        if (!miss || !wait) break;
-        if (n == SPIN) {
-            hung(err, 1);
-            break;
-        }
+        if (!miss || !wait || give_up(n, err, 1)) break;
 #pragma unroll
         for (int i = 0; i < XIT; i++)
             if (miss >> i & 1) load(i);
     }
     if (nx == nu) { // each thread quantizes the units it polled
-        consumers_sync<NT>();
+        consumers_sync();
 #pragma unroll
         for (int i = 0; i < XIT; i++) {
             if (i * NT >= nu) break;
@@ -132,7 +131,7 @@ __device__ void x_build(const unsigned long long *src, int xin, int cols, unsign
                 v[j] = t + NT * i < nu ? __uint_as_float((unsigned)w[i][j]) : 0.f;
             qx_quant_unit<4>(v, t + NT * i, nu, q);
         }
-        consumers_sync<NT>();
+        consumers_sync();
         return;
     }
 #pragma unroll
@@ -141,7 +140,7 @@ __device__ void x_build(const unsigned long long *src, int xin, int cols, unsign
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 xs[8 * (t + NT * i) + j] = __uint_as_float((unsigned)w[i][j]);
-    consumers_sync<NT>();
+    consumers_sync();
 #pragma unroll
     for (int i = 0; i < XIT; i++) {
         const int u = t + NT * i;
@@ -151,7 +150,7 @@ __device__ void x_build(const unsigned long long *src, int xin, int cols, unsign
         for (int j = 0; j < 8; j++) v[j] = u < nu ? xs[(8 * u) % xin + j] : 0.f;
         qx_quant_unit<4>(v, u, nu, q);
     }
-    consumers_sync<NT>();
+    consumers_sync();
 }
 
 // The routed experts of one token (one warp, every lane gets them): the TOPK largest of the first
@@ -173,11 +172,7 @@ __device__ void route_top(const unsigned long long *logits, unsigned tag, bool w
 #pragma unroll
         for (int k = 0; k < NE / 32; k++)
             if ((unsigned)(w[k] >> 32) != tag) miss |= 1u << k;
-        if (!__any_sync(0xffffffffu, miss) || !wait) break;
-        if (n == SPIN) {
-            hung(err, 2);
-            break;
-        }
+        if (!__any_sync(0xffffffffu, miss) || !wait || give_up(n, err, 2)) break;
 #pragma unroll
         for (int k = 0; k < NE / 32; k++)
             if (miss >> k & 1) load(k);
@@ -246,11 +241,8 @@ __device__ unsigned src_tag(const prun &R, const pstage &P, int tok, int s) {
     return tag_of(R.base, R.S, P.src < s ? tok : tok - 1, P.src);
 }
 
-template <int CW>
-__global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_constant__ prun R) {
+__global__ void __launch_bounds__(PT, 1) persist_kernel(const __grid_constant__ prun R) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using K = pcfg<CW>;
-    constexpr int NST = K::NST, SLOT = K::SLOT;
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t full[NST], empty[NST];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x;
@@ -268,7 +260,7 @@ __global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_c
         for (int tok = 0; tok < R.tokens; tok++)
             for (int s = 0; s < R.S; s++) {
                 const pstage &P = R.st[s];
-                const int U = unit_rows(P.cols, CW), nunits = P.rows / U;
+                const int U = unit_rows(P.cols), nunits = P.rows / U;
                 if (cta >= nunits) continue;
                 if (P.kind != DENSE)
                     route_top(R.st[P.route].out, tag_of(R.base, R.S, tok, P.route), wait, ids,
@@ -311,10 +303,9 @@ __global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_c
     for (int tok = 0; tok < R.tokens; tok++)
         for (int s = 0; s < R.S; s++) {
             const pstage &P = R.st[s];
-            const int U = unit_rows(P.cols, CW), nunits = P.rows / U, np = U / (2 * CW);
+            const int U = unit_rows(P.cols), nunits = P.rows / U, np = U / (2 * CW);
             if (cta >= nunits) continue;
-            x_build<K::NT, xit(K::NT)>(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), wait,
-                                       q, xs, R.err);
+            x_build(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), wait, q, xs, R.err);
             // log2 of the chunks per piece: a DOWN row is 9 pieces of 16 chunks, the others one
             // piece
             const int C = P.cols / 32, sh = P.kind == DOWN ? 4 : P.cols == 2048 ? 6 : 7;
@@ -353,9 +344,12 @@ __global__ void __launch_bounds__(pcfg<CW>::PT, 1) persist_kernel(const __grid_c
                         for (int j = 0; j < QG_R; j++)
                             acc[k][j] += __shfl_xor_sync(0xffffffffu, acc[k][j], o);
                 if (lane == 0)
-                    for (int k = 0; k < np; k++)
-                        for (int j = 0; j < QG_R; j++)
-                            ll_store(P.out + u * U + 2 * warp + 2 * CW * k + j, acc[k][j], tag);
+#pragma unroll
+                    for (int k = 0; k < PASSES; k++)
+                        if (k < np)
+#pragma unroll
+                            for (int j = 0; j < QG_R; j++)
+                                ll_store(P.out + u * U + 2 * warp + 2 * CW * k + j, acc[k][j], tag);
             }
             if (R.trace && tok == R.tokens - 1 && lane == 0) // the CTA's last warp done
                 atomicMax(R.trace + (size_t)(G + cta) * R.S + s, now_ns());
@@ -374,8 +368,7 @@ __global__ void __launch_bounds__(256) ref_stage(const __grid_constant__ prun R,
     const pstage &P = R.st[s];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const qx_smem q = qx_layout(qsm, MAXCOLS / 32);
-    x_build<256, xit(256)>(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), true, q, xs,
-                           R.err);
+    x_build(R.st[P.src].out, P.xin, P.cols, src_tag(R, P, tok, s), true, q, xs, R.err);
     if (P.kind != DENSE && warp == 0) {
         int ids[NSL];
         route_top(R.st[P.route].out, tag_of(R.base, R.S, tok, P.route), true, ids, R.err);
@@ -447,12 +440,8 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
     CK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
     CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    // the larger configuration's ring (the other's is smaller)
-    const size_t smem16 = (size_t)pcfg<16>::NST * pcfg<16>::SLOT + QXB + MAXCOLS * 4;
-    const size_t smem8 = (size_t)pcfg<8>::NST * pcfg<8>::SLOT + QXB + MAXCOLS * 4;
-    DIE_IF(cc < 9 || !coop || (size_t)optin < std::max(smem8, smem16),
-           "needs sm_90+, cooperative launch and %zu bytes of shared memory per block",
-           std::max(smem8, smem16));
+    DIE_IF(cc < 9 || !coop || (size_t)optin < SMEM,
+           "needs sm_90+, cooperative launch and %zu bytes of shared memory per block", SMEM);
 
     // the stages of one token (Qwen3.6-35B-A3B at 4K: 30 DeltaNet and 10 attention layers)
     std::vector<pstage> st;
@@ -464,45 +453,52 @@ int main(int argc, char **argv) {
         memset(&P, 0, sizeof P);
         P.kind = kind, P.cols = cols, P.rows = rows;
         P.src = src < 0 ? (int)st.size() - 1 : src;
-        DIE_IF(rows % unit_rows(cols, 16) || (kind == GATE_UP && GU_ROWS % unit_rows(cols, 16)),
-               "stage shape");
-        bytes += (size_t)rows * (cols / 32) * 18;
+        // the layouts the kernels know: 2,048- or 4,096-wide dense rows (one piece of 64 or 128
+        // chunks), gate/up rows of 2,048, down rows of 9 pieces of 512
+        DIE_IF(kind == DOWN ? cols != NSL * DN_IN : cols != 2048 && (kind || cols != 4096),
+               "stage %s: unknown width %d", name, cols);
+        DIE_IF(rows % unit_rows(cols) || (kind == GATE_UP && GU_ROWS % unit_rows(cols)),
+               "stage %s: %d rows are not whole units", name, rows);
+        bytes += (size_t)rows * (cols / 32) * 18; // 16-byte chunks, a scale and a bias per 2
         st.push_back(P);
         return (int)st.size() - 1;
     };
-    add("embed", DENSE, HID, 2048, -1); // embedding row (source fixed below)
+    add("embed", DENSE, HID, 2048, -1); // the source is set below: the sampler
     for (int l = 0; l < 40; l++) {
         if (l % 4 == 3) {
             add("qkv", DENSE, HID, 9216, -1);    // q (and its gate) | k | v
-            add("prep", DENSE, HID, 512, -1);    // prep (norms, RoPE, KV append)
-            add("split", DENSE, 4096, 3648, -1); // split-KV: 4K keys and values of 2 KV heads, bf16
-            add("combine", DENSE, HID, 256, -1); // combine + output gate
-            add("o_proj", DENSE, 4096, HID, -1); // o_proj
+            add("prep", DENSE, HID, 512, -1);    // norms, RoPE, KV append
+            add("split", DENSE, 4096, 3648, -1); // 4K keys and values of 2 KV heads, bf16
+            add("combine", DENSE, HID, 256, -1); // + output gate
+            add("o_proj", DENSE, 4096, HID, -1);
         } else {
-            add("in_proj", DENSE, HID, 12352, -1); // in_proj qkv | z | b | a
-            add("dn_step", DENSE, HID, 4096, -1);  // recurrent step: the state read and written
-            add("out_proj", DENSE, 4096, HID, -1); // out_proj
+            add("in_proj", DENSE, HID, 12352, -1); // qkv | z | b | a
+            add("dn_step", DENSE, HID, 4096, -1);  // the recurrent state read and written
+            add("out_proj", DENSE, 4096, HID, -1);
         }
         const int x = (int)st.size() - 1;
-        const int router = add("router", DENSE, HID, 512, -1);
+        const int router = add("router", DENSE, HID, 512, -1); // its first NE rows: the logits
         const int gu = add("gate_up", GATE_UP, HID, NSL * GU_ROWS, x);
         st[gu].route = router;
         const int dn = add("down", DOWN, NSL * DN_IN, HID, -1);
         st[dn].route = router;
     }
-    add("lm_head", DENSE, HID, 248320, -1); // lm_head
-    add("sampler", DENSE, HID, 256, -1);    // sampler
+    add("lm_head", DENSE, HID, 248320, -1);
+    add("sampler", DENSE, HID, 256, -1);
     const int S = (int)st.size();
     st[0].src = S - 1;
-    for (auto &P : st) P.xin = std::min(P.cols, st[P.src].rows);
-    // routed bytes were counted as dense rows: the same size
-    printf("%d stages per token, %.1f MB streamed per token, %d CTAs\n", S, bytes / 1e6, sms);
+    for (auto &P : st) {
+        P.xin = std::min(P.cols, st[P.src].rows);
+        DIE_IF(P.xin % 8, "inputs are read in units of 8 words");
+    }
+    printf("%d stages per token, %.1f MB streamed per token, %d CTAs of %d threads, %d x %d B "
+           "ring\n",
+           S, bytes / 1e6, sms, PT, NST, SLOT);
 
-    // weights: every dense stage its own; the routed stages of all layers share two stacks
+    // weights: every stage its own, every layer's routed stages their own stacks of NE + 1
     std::vector<void *> allocs;
     // scales for outputs about as large as the inputs (in: the input width a row dots with)
-    auto weights = [&](size_t rows, int cols, uint64_t seed, const uint4 *&w, const uint16_t *&s,
-                       const uint16_t *&b, int in) {
+    auto weights = [&](size_t rows, int cols, uint64_t seed, int in, pstage &P) {
         const size_t nw = rows * (cols / 32), ng = rows * (cols / 64);
         uint4 *dw;
         uint16_t *ds, *db;
@@ -512,20 +508,16 @@ int main(int argc, char **argv) {
         allocs.push_back(dw), allocs.push_back(ds), allocs.push_back(db);
         fill_kernel<<<1024, 256>>>(dw, nw, ds, db, ng, 1.f / (4.6f * sqrtf((float)in)), seed);
         CK(cudaGetLastError());
-        w = dw, s = ds, b = db;
+        P.w = dw, P.s = ds, P.b = db;
     };
-    const uint4 *guw, *dnw;
-    const uint16_t *gus, *gub, *dns, *dnb;
-    weights((size_t)(NE + 1) * GU_ROWS, HID, 77, guw, gus, gub, HID);
-    weights((size_t)(NE + 1) * HID, DN_IN, 78, dnw, dns, dnb, NSL * DN_IN);
     for (int s = 0; s < S; s++) {
         pstage &P = st[s];
         if (P.kind == GATE_UP)
-            P.w = guw, P.s = gus, P.b = gub;
+            weights((size_t)(NE + 1) * GU_ROWS, HID, 1000 + s, HID, P);
         else if (P.kind == DOWN)
-            P.w = dnw, P.s = dns, P.b = dnb;
+            weights((size_t)(NE + 1) * HID, DN_IN, 1000 + s, NSL * DN_IN, P);
         else
-            weights((size_t)P.rows, P.cols, 1000 + s, P.w, P.s, P.b, P.cols);
+            weights((size_t)P.rows, P.cols, 1000 + s, P.cols, P);
         CK(cudaMalloc(&P.out, (size_t)P.rows * 8));
         CK(cudaMemset(P.out, 0, (size_t)P.rows * 8));
         allocs.push_back(P.out);
@@ -536,10 +528,8 @@ int main(int argc, char **argv) {
     CK(cudaMemcpy(dst, st.data(), S * sizeof(pstage), cudaMemcpyHostToDevice));
     CK(cudaMalloc(&err, sizeof(unsigned)));
     CK(cudaMemset(err, 0, sizeof(unsigned)));
-    CK(cudaFuncSetAttribute(persist_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)smem8));
-    CK(cudaFuncSetAttribute(persist_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)smem16));
+    CK(cudaFuncSetAttribute(persist_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)SMEM));
     CK(cudaDeviceSynchronize());
 
     cudaStream_t stream;
@@ -556,19 +546,16 @@ int main(int argc, char **argv) {
         CK(cudaGetLastError());
         return R;
     };
+    // a run that waited (not mode 1) must not have given up on a wait
     auto check_err = [&](const char *what) {
         unsigned h = 0;
         CK(cudaMemcpy(&h, err, sizeof h, cudaMemcpyDeviceToHost));
         DIE_IF(h, "%s: a wait timed out (flags %u: 1 input tags, 2 router tags)", what, h);
     };
-    auto persist = [&](const prun &R, int cw) {
+    auto persist = [&](const prun &R) {
         void *args[] = {(void *)&R};
-        if (cw == 8)
-            CK(cudaLaunchCooperativeKernel((void *)persist_kernel<8>, dim3(sms), dim3(pcfg<8>::PT),
-                                           args, smem8, stream));
-        else
-            CK(cudaLaunchCooperativeKernel((void *)persist_kernel<16>, dim3(sms),
-                                           dim3(pcfg<16>::PT), args, smem16, stream));
+        CK(cudaLaunchCooperativeKernel((void *)persist_kernel, dim3(sms), dim3(PT), args, SMEM,
+                                       stream));
     };
     // every stage's output after the last token, values only (the tags differ between runs)
     auto outputs = [&](const prun &R, std::vector<float> &v, int &badtag) {
@@ -590,8 +577,8 @@ int main(int argc, char **argv) {
 
     // correctness: the design against the reference, bit for bit, over `check` tokens
     const int check = 3;
-    std::vector<float> ref;
-    int bad_ref = 0;
+    std::vector<float> ref, a;
+    int bad_ref = 0, bad_a = 0;
     {
         const prun R = start(check, 0);
         for (int t = 0; t < check; t++)
@@ -601,63 +588,64 @@ int main(int argc, char **argv) {
         check_err("reference");
         outputs(R, ref, bad_ref);
     }
-    const size_t lm0 = ref.size() - 256 - 248320;
-    for (int cw = 8; cw <= 16; cw += 8) {
-        std::vector<float> a;
-        int bad_a = 0;
+    {
         const prun R = start(check, 0);
-        persist(R, cw);
+        persist(R);
         CK(cudaStreamSynchronize(stream));
         CK(cudaGetLastError());
         check_err("persistent");
         outputs(R, a, bad_a);
-        size_t diff = 0, nonfinite = 0;
-        for (size_t k = 0; k < a.size(); k++) {
-            diff += memcmp(&a[k], &ref[k], 4) != 0;
-            nonfinite += !isfinite(a[k]);
-        }
-        printf("%d consumer warps, check over %d tokens: %zu values, %zu differ, %zu not finite, "
-               "tags wrong %d / %d; lm_head[0..2] %.4f %.4f %.4f\n",
-               cw, check, a.size(), diff, nonfinite, bad_a, bad_ref, a[lm0], a[lm0 + 1],
-               a[lm0 + 2]);
-        DIE_IF(diff || nonfinite || bad_a || bad_ref, "persistent kernel does not match");
     }
+    size_t diff = 0, nonfinite = 0;
+    for (size_t k = 0; k < a.size(); k++) {
+        diff += memcmp(&a[k], &ref[k], 4) != 0;
+        nonfinite += !isfinite(a[k]);
+    }
+    const size_t lm0 = ref.size() - 256 - 248320;
+    printf("check over %d tokens: %zu values, %zu differ, %zu not finite, tags wrong %d / %d; "
+           "lm_head[0..2] %.4f %.4f %.4f\n",
+           check, a.size(), diff, nonfinite, bad_a, bad_ref, a[lm0], a[lm0 + 1], a[lm0 + 2]);
+    DIE_IF(diff || nonfinite || bad_a || bad_ref, "persistent kernel does not match");
 
     const char *names[] = {"design", "no input waits", "no copies", "no waits/copies", "no compute",
                            "",       "chain only"};
-    for (int cw = 8; cw <= 16; cw += 8)
-        for (int mode : {0, 1, 2, 3, 4, 6}) {
-            float best = 1e30f;
-            for (int r = 0; r < 3; r++) {
-                const prun R = start(tokens, mode);
-                CK(cudaEventRecord(e0, stream));
-                persist(R, cw);
-                CK(cudaEventRecord(e1, stream));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaGetLastError());
-                if (mode == 0) check_err("timing run");
-                CK(cudaMemset(err, 0, sizeof(unsigned)));
-                float ms = 0.f;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                best = fminf(best, ms);
-            }
-            const double us = best * 1e3 / tokens;
-            printf("%2d warps (%d x %d B ring) mode %d %-16s %8.1f us per token  %7.1f tok/s  "
-                   "%6.0f GB/s\n",
-                   cw, cw == 8 ? pcfg<8>::NST : pcfg<16>::NST,
-                   cw == 8 ? pcfg<8>::SLOT : pcfg<16>::SLOT, mode, names[mode], us, 1e6 / us,
-                   bytes / us / 1e3);
+    for (int mode : {0, 1, 2, 3, 4, 6}) {
+        float best = 1e30f;
+        for (int r = 0; r < 3; r++) {
+            const prun R = start(tokens, mode);
+            CK(cudaEventRecord(e0, stream));
+            persist(R);
+            CK(cudaEventRecord(e1, stream));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaGetLastError());
+            if (!(mode & 1)) check_err(names[mode]);
+            CK(cudaMemset(err, 0, sizeof(unsigned)));
+            float ms = 0.f;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            best = fminf(best, ms);
         }
-    // where the design's token goes: per stage kind, the stage's critical path (its last CTA's
-    // units done minus the previous stage's), split at the median CTA's input ready
+        const double us = best * 1e3 / tokens;
+        char bw[32] = "";
+        if (!(mode & 2)) snprintf(bw, sizeof bw, "%6.0f GB/s", bytes / us / 1e3);
+        printf("mode %d %-16s %8.1f us per token  %7.1f tok/s  %s\n", mode, names[mode], us,
+               1e6 / us, bw);
+    }
+
+    // where the design's token goes, per stage kind: the stage's critical path from its
+    // predecessor's done (the last CTA done among those writing the rows its readers read) to
+    // the median CTA's input read and quantized, and from there to its own done
+    std::vector<int> need(S, 0); // rows of each stage some stage reads
+    for (int s = 0; s < S; s++) {
+        need[st[s].src] = std::max(need[st[s].src], st[s].xin);
+        if (st[s].kind != DENSE) need[st[s].route] = std::max(need[st[s].route], NE);
+    }
     unsigned long long *trace;
     CK(cudaMalloc(&trace, (size_t)2 * sms * S * 8));
-    for (int run = 0; run < 3; run++) {
-        const int cw = run < 2 ? 8 : 16, mode = run == 1 ? 6 : 0;
+    for (int mode : {0, 6}) {
         CK(cudaMemset(trace, 0, (size_t)2 * sms * S * 8));
         prun R = start(tokens, mode);
         R.trace = trace;
-        persist(R, cw);
+        persist(R);
         CK(cudaStreamSynchronize(stream));
         CK(cudaGetLastError());
         check_err("traced run");
@@ -665,35 +653,33 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(h.data(), trace, h.size() * 8, cudaMemcpyDeviceToHost));
         std::vector<double> done(S), ready(S);
         for (int s = 0; s < S; s++) {
+            const int U = unit_rows(st[s].cols);
+            const int writers = std::min(sms, (need[s] + U - 1) / U);
             std::vector<unsigned long long> r;
             unsigned long long d = 0;
             for (int c = 0; c < sms; c++) {
-                if (!h[(size_t)c * S + s]) continue;
+                if (!h[(size_t)c * S + s]) continue; // no unit in this stage
                 r.push_back(h[(size_t)c * S + s]);
-                d = std::max(d, h[(size_t)(sms + c) * S + s]);
+                if (c < writers) d = std::max(d, h[(size_t)(sms + c) * S + s]);
             }
             std::sort(r.begin(), r.end());
             ready[s] = (double)r[r.size() / 2], done[s] = (double)d;
         }
-        printf("%d warps, mode %d, last token by stage kind (us per stage: critical path = to "
-               "median input ready + from there to last units done; total us per token)\n",
-               cw, mode);
+        printf("mode %d (%s), last token, per stage kind: us per stage = to the median input "
+               "ready + from there to done; us per token\n",
+               mode, names[mode]);
         std::vector<std::string> kinds;
-        for (int s = 0; s < S; s++)
+        for (int s = 1; s < S; s++)
             if (std::find(kinds.begin(), kinds.end(), sname[s]) == kinds.end())
                 kinds.push_back(sname[s]);
-        double all = 0;
         for (auto &k : kinds) {
             double w = 0, c = 0;
             int n = 0;
             for (int s = 1; s < S; s++)
                 if (k == sname[s]) w += ready[s] - done[s - 1], c += done[s] - ready[s], n++;
-            if (!n) continue;
-            all += w + c;
             printf("  %-9s x%-3d %6.2f = %5.2f + %5.2f   %7.1f\n", k.c_str(), n, (w + c) / n / 1e3,
                    w / n / 1e3, c / n / 1e3, (w + c) / 1e3);
         }
-        printf("  all stages but the first: %.1f us\n", all / 1e3);
     }
     CK(cudaFree(trace));
     for (void *p : allocs) CK(cudaFree(p));
