@@ -38,7 +38,10 @@ __global__ void fill_f(float *p, size_t n, float base, float var, uint32_t seed)
 }
 
 // A stack of n random matrices [rows][cols]; *bytes (if non-NULL) grows by what was allocated.
-struct dmat rand_qmat(int n, int rows, int cols, int bits, uint32_t seed, size_t *bytes) {
+// in: the input width the weights' amplitude is for (default cols; wider where a row's dot
+// product spans several matrices, as the MoE down's over the chosen experts).
+struct dmat rand_qmat(int n, int rows, int cols, int bits, uint32_t seed, size_t *bytes,
+                      int in = 0) {
     struct dmat d;
     memset(&d, 0, sizeof d);
     d.type = bits == 4 ? WT_Q4 : WT_Q8;
@@ -54,7 +57,7 @@ struct dmat rand_qmat(int n, int rows, int cols, int bits, uint32_t seed, size_t
     if (bytes) *bytes += d.mat_stride * n + 2 * d.sb_mat_stride * n;
     fill_words<<<1024, 256>>>((uint32_t *)data, d.mat_stride * n / 4, seed);
     fill_sb<<<1024, 256>>>((__nv_bfloat16 *)s, (__nv_bfloat16 *)b, d.sb_mat_stride * n / 2,
-                           1.7f / sqrtf((float)cols), 1 << bits);
+                           1.7f / sqrtf((float)(in ? in : cols)), 1 << bits);
     CK(cudaGetLastError());
     d.data = data, d.scales = s, d.biases = b;
     return d;
